@@ -1,0 +1,18 @@
+"""pallas-evolve: archive — every evaluation as append-only Parquet, plus the records ``resume`` needs."""
+
+from ._archive import DEFAULT_DATA_DIR, Archive
+from ._errors import ArchiveError
+from ._identity import individual_id, normalize_source
+from ._schema import COLUMNS, SCHEMA, make_row, normalize_row
+
+__all__ = [
+           "COLUMNS",
+           "DEFAULT_DATA_DIR",
+           "SCHEMA",
+           "Archive",
+           "ArchiveError",
+           "individual_id",
+           "make_row",
+           "normalize_row",
+           "normalize_source",
+]

@@ -1,0 +1,39 @@
+"""The TPU chips the judge can target, with the public figures the roofline needs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+    name: str
+    topology: str             # an AOT topology libtpu 0.0.42 accepts (1x1 is refused there)
+    accelerator_type: str     # TPU_ACCELERATOR_TYPE that quiets libtpu's start-up on a CPU host
+    clock_hz: float           # turns the compiler's cycle estimate into seconds
+    peak_flops: float         # bf16 FLOP/s per chip
+    hbm_bytes_per_s: float
+    vmem_bytes: int
+    default_scoped_vmem_bytes: int
+
+    @property
+    def ridge_intensity(self) -> float:
+        """FLOPs per HBM byte above which a kernel is compute-bound."""
+        return self.peak_flops / self.hbm_bytes_per_s
+
+
+# Peak FLOP/s and HBM bandwidth: Google Cloud TPU documentation. Clocks: v5e 1.5 GHz
+# (197 TFLOP/s from 4 MXUs of 128x128); v6e 1.75 GHz is an approximation. Cycle-derived
+# latencies are therefore approximate in absolute terms; speedups (ratios of estimates on one
+# chip and one libtpu version) are not affected by the clock.
+CHIPS: dict[str, Chip] = {
+    "v5e": Chip("v5e", "v5e:2x2", "v5litepod-4", 1.5e9, 197e12, 819e9, 128 << 20, 16 << 20),
+    "v6e": Chip("v6e", "v6e:2x2", "v6e-4", 1.75e9, 918e12, 1638e9, 128 << 20, 32 << 20),
+}
+
+
+def get_chip(name: str) -> Chip:
+    try:
+        return CHIPS[name]
+    except KeyError:
+        raise ValueError(f"unknown chip {name!r}; choose one of: {', '.join(CHIPS)}") from None

@@ -1,0 +1,54 @@
+"""Trusted comparison of a candidate's output with the reference. Runs in the parent only."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    ok: bool
+    error: str = ""
+    max_abs_error: float | None = None
+    max_rel_error: float | None = None
+
+
+def load_output(path: str, dtype: str) -> np.ndarray:
+    import ml_dtypes
+
+    raw = np.load(path, allow_pickle=False)
+    if dtype == "bfloat16":
+        if raw.dtype != np.uint16:
+            raise ValueError(f"output stored as {raw.dtype}, expected bf16 bits")
+        return raw.view(ml_dtypes.bfloat16)
+    return raw
+
+
+def compare(out: np.ndarray, ref: np.ndarray, *, expected_dtype: str, atol: float, rtol: float,
+            label: str = "") -> Comparison:
+    """Strict: shape and dtype must match exactly; any NaN or Inf fails; then elementwise
+    ``|out - ref| <= atol + rtol * |ref|``."""
+    where = f" on {label}" if label else ""
+    if tuple(out.shape) != tuple(ref.shape):
+        return Comparison(False, f"output shape {tuple(out.shape)} != expected {tuple(ref.shape)}{where}")
+    if str(out.dtype) != expected_dtype:
+        return Comparison(False, f"output dtype {out.dtype} != expected {expected_dtype}{where}")
+    out32 = out.astype(np.float32)
+    finite = np.isfinite(out32)
+    if not finite.all():
+        bad = int((~finite).sum())
+        return Comparison(False, f"{bad} NaN/Inf value(s) in the output{where}")
+    diff = np.abs(out32 - ref)
+    max_abs = float(diff.max()) if diff.size else 0.0
+    rel = diff / np.maximum(np.abs(ref), 1e-6)
+    max_rel = float(rel.max()) if rel.size else 0.0
+    excess = diff - (atol + rtol * np.abs(ref))
+    if (excess > 0).any():
+        idx = np.unravel_index(int(np.argmax(excess)), excess.shape)
+        return Comparison(False, (f"max abs error {max_abs:.4g} exceeds tolerance (atol={atol}, "
+                                  f"rtol={rtol}){where}; worst at index {tuple(int(i) for i in idx)}: "
+                                  f"got {out32[idx]:.5g}, expected {ref[idx]:.5g}"),
+                          max_abs, max_rel)
+    return Comparison(True, "", max_abs, max_rel)

@@ -1,0 +1,101 @@
+"""What an evaluation returns: a frozen record with exactly one status, never an exception."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+
+class Status(str, enum.Enum):
+    """How a candidate's evaluation ended. Only PASS carries a trustworthy speed."""
+
+    PASS = "PASS"
+    FAIL_SCREEN = "FAIL_SCREEN"            # the static screen of the source refused it
+    FAIL_LOWER = "FAIL_LOWER"              # Pallas -> Mosaic lowering failed (shapes, alignment)
+    FAIL_COMPILE = "FAIL_COMPILE"          # the TPU compiler refused it
+    FAIL_VMEM = "FAIL_VMEM"                # the kernel does not fit in VMEM
+    FAIL_CORRECTNESS = "FAIL_CORRECTNESS"  # wrong numbers, NaN, shape or dtype
+    TIMEOUT = "TIMEOUT"                    # a stage ran past its wall-clock budget
+    CRASH = "CRASH"                        # the worker died (signal) or broke its protocol
+    OOM = "OOM"                            # the worker ran out of host memory
+    SUSPECT = "SUSPECT"                    # correct, but faster than the roofline allows
+    FAIL_TIMING = "FAIL_TIMING"            # correct, but no timing source could time it
+
+    @property
+    def ok(self) -> bool:
+        return self is Status.PASS
+
+
+@dataclasses.dataclass(frozen=True)
+class Metrics:
+    """Everything the judge measured. ``None`` means "not reached" or "not available"."""
+
+    latency_s: float | None = None
+    latency_ci_s: tuple[float, float] | None = None   # bootstrap 95% CI (measured timing only)
+    reference_latency_s: float | None = None
+    speedup_vs_reference: float | None = None
+    estimated_cycles: int | None = None
+    reference_cycles: int | None = None
+    tflops: float | None = None
+    mxu_util: float | None = None
+    hbm_util: float | None = None
+    regime: str | None = None                          # "compute-bound" or "memory-bound"
+    roofline_latency_s: float | None = None
+    vmem_bytes: int | None = None
+    copy_trap: bool | None = None
+    compile_time_s: float | None = None
+    max_abs_error: float | None = None
+    max_rel_error: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Provenance:
+    """Where the figures came from. Figures of different timing sources are never compared."""
+
+    timing_source: str | None = None    # "measured" or "compiler_estimate"
+    chip: str | None = None
+    jax_version: str | None = None
+    jaxlib_version: str | None = None
+    libtpu_version: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalResult:
+    """The verdict on one candidate for one task and chip."""
+
+    status: Status
+    error: str = ""
+    stage: str = ""                      # the last stage reached
+    metrics: Metrics = Metrics()
+    provenance: Provenance = Provenance()
+    wall_time_s: float = 0.0
+    log_tail: str = ""                   # bounded tail of the worker's output
+
+    @property
+    def ok(self) -> bool:
+        return self.status.ok
+
+    def to_dict(self) -> dict[str, Any]:
+        """A flat JSON-able dict (metrics and provenance merged in)."""
+        out: dict[str, Any] = {"status": self.status.value, "error": self.error,
+                               "stage": self.stage, "wall_time_s": self.wall_time_s}
+        out.update(dataclasses.asdict(self.metrics))
+        out.update(dataclasses.asdict(self.provenance))
+        if out.get("latency_ci_s") is not None:
+            out["latency_ci_s"] = list(out["latency_ci_s"])
+        out["log_tail"] = self.log_tail
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "EvalResult":
+        fields_m = {f.name for f in dataclasses.fields(Metrics)}
+        fields_p = {f.name for f in dataclasses.fields(Provenance)}
+        m = {k: data.get(k) for k in fields_m if k in data}
+        if m.get("latency_ci_s") is not None:
+            m["latency_ci_s"] = tuple(m["latency_ci_s"])
+        p = {k: data.get(k) for k in fields_p if k in data}
+        return cls(status=Status(data["status"]), error=data.get("error") or "",
+                   stage=data.get("stage") or "", metrics=Metrics(**m),
+                   provenance=Provenance(**p), wall_time_s=float(data.get("wall_time_s") or 0.0),
+                   log_tail=data.get("log_tail") or "")

@@ -1,0 +1,229 @@
+"""Run untrusted code in a child process: its own session, limits, bounded output, hard deadlines.
+
+The parent enforces every budget from outside: a stage that runs past its wall-clock budget is
+ended with SIGKILL to the child's whole process group (and to any descendant that left the group),
+which works even while the child is deep in native code (a Mosaic compile) where a signal
+handler of its own would never run.
+
+The child reports progress as JSON lines on a private pipe (its file descriptor is passed in the
+environment variable ``PALLAS_EVOLVE_PROTOCOL_FD``); its stdout and stderr are merged, read by a
+thread and cut to a bounded head and tail, so 100 MB of prints cost the parent nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import resource
+import signal
+import subprocess
+import threading
+import time
+from typing import Any
+
+PROTOCOL_FD_ENV = "PALLAS_EVOLVE_PROTOCOL_FD"
+_MAX_PROTOCOL_BYTES = 4 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Resource limits of one child process."""
+
+    memory_bytes: int = 8 << 30        # RLIMIT_AS: libtpu maps ~1 GB of code; compiles need more
+    file_bytes: int = 256 << 20        # RLIMIT_FSIZE: largest file the child may write
+    open_files: int = 1024             # RLIMIT_NOFILE
+    max_output_bytes: int = 64 << 10   # stdout+stderr kept (half head, half tail)
+    kill_grace_s: float = 0.0          # SIGKILL at once: native code ignores politer signals
+
+    def __post_init__(self) -> None:
+        if self.memory_bytes < (1 << 30):
+            raise ValueError("memory_bytes below 1 GiB cannot even load jax; raise it")
+
+
+@dataclasses.dataclass(frozen=True)
+class ChildOutcome:
+    """What happened to a child: its protocol messages, how it ended, and its (bounded) output."""
+
+    events: tuple[dict[str, Any], ...]
+    returncode: int | None
+    timed_out_stage: str | None      # the stage whose budget ran out, if any
+    output: str
+    output_dropped_bytes: int
+    wall_time_s: float
+
+    @property
+    def signal(self) -> int | None:
+        return -self.returncode if self.returncode is not None and self.returncode < 0 else None
+
+
+def _set_limits(limits: Limits) -> None:
+    """Runs in the child between fork and exec."""
+    resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+
+
+def _descendants(root: int) -> set[int]:
+    """All live descendants of ``root`` (read from /proc), including ones that left the group."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return set()
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                stat = fh.read().decode(errors="replace")
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found: set[int] = set()
+    stack = [root]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            if child not in found:
+                found.add(child)
+                stack.append(child)
+    return found
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a child's process group and every descendant of it, wherever they went."""
+    for _ in range(3):   # a fork bomb may spawn between the scan and the kill: repeat
+        targets = _descendants(pid)
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for other in targets:
+            try:
+                os.kill(other, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if not _descendants(pid):
+            break
+
+
+class _BoundedReader(threading.Thread):
+    """Drains a pipe, keeping at most ``limit`` bytes: the first half and the last half."""
+
+    def __init__(self, stream, limit: int) -> None:
+        super().__init__(daemon=True)
+        self.stream, self.half = stream, max(limit // 2, 1)
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.dropped = 0
+
+    def run(self) -> None:
+        while True:
+            chunk = self.stream.read1(65536) if hasattr(self.stream, "read1") else self.stream.read(65536)
+            if not chunk:
+                break
+            room = self.half - len(self.head)
+            if room > 0:
+                self.head += chunk[:room]
+                chunk = chunk[room:]
+            self.tail += chunk
+            if len(self.tail) > self.half:
+                self.dropped += len(self.tail) - self.half
+                del self.tail[: len(self.tail) - self.half]
+
+    def text(self) -> str:
+        gap = f"\n[... {self.dropped} bytes of output dropped ...]\n" if self.dropped else ""
+        return (bytes(self.head).decode(errors="replace") + gap
+                + bytes(self.tail).decode(errors="replace"))
+
+
+class _ProtocolReader(threading.Thread):
+    def __init__(self, fd: int) -> None:
+        super().__init__(daemon=True)
+        self.fd = fd
+        self.events: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+
+    def run(self) -> None:
+        total = 0
+        with os.fdopen(self.fd, "rb") as fh:
+            for line in fh:
+                total += len(line)
+                if total > _MAX_PROTOCOL_BYTES:
+                    continue   # keep draining so the child never blocks, but store nothing more
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(event, dict):
+                    with self.lock:
+                        self.events.append(event)
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return list(self.events)
+
+
+def run_child(argv: list[str], *, cwd: str, env: dict[str, str], budgets: dict[str, float],
+              default_budget: float, limits: Limits = Limits(), poll_s: float = 0.05) -> ChildOutcome:
+    """Run ``argv`` sandboxed; each stage it announces gets ``budgets[stage]`` seconds.
+
+    The child announces a stage with a protocol line ``{"event": "stage", "stage": NAME}``;
+    time before its first announcement counts against ``default_budget``.
+    """
+    read_fd, write_fd = os.pipe()
+    child_env = dict(env, **{PROTOCOL_FD_ENV: str(write_fd)})
+    start = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            argv, cwd=cwd, env=child_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, pass_fds=(write_fd,), start_new_session=True,
+            preexec_fn=lambda: _set_limits(limits), close_fds=True)
+    finally:
+        os.close(write_fd)
+    output = _BoundedReader(proc.stdout, limits.max_output_bytes)
+    protocol = _ProtocolReader(read_fd)
+    output.start()
+    protocol.start()
+
+    stage, deadline, timed_out = None, start + default_budget, None
+    try:
+        while proc.poll() is None:
+            events = protocol.snapshot()
+            starts = [e for e in events if e.get("event") == "stage"]
+            if starts and starts[-1].get("stage") != stage:
+                stage = str(starts[-1].get("stage"))
+                deadline = time.monotonic() + budgets.get(stage, default_budget)
+            if time.monotonic() > deadline:
+                timed_out = stage or "start"
+                break
+            time.sleep(poll_s)
+    finally:
+        # Always: the whole group goes, leftovers of a fork included; also on Ctrl-C here.
+        kill_tree(proc.pid)
+        proc.wait()
+    output.join(timeout=5)
+    protocol.join(timeout=5)
+    return ChildOutcome(events=tuple(protocol.snapshot()), returncode=proc.returncode,
+                        timed_out_stage=timed_out, output=output.text(),
+                        output_dropped_bytes=output.dropped, wall_time_s=time.monotonic() - start)
+
+
+class Reporter:
+    """The child's side of the protocol."""
+
+    def __init__(self) -> None:
+        fd = os.environ.get(PROTOCOL_FD_ENV)
+        self._fh = os.fdopen(int(fd), "w", buffering=1) if fd else None
+
+    def send(self, **event: Any) -> None:
+        line = json.dumps(event, default=str)
+        if self._fh is not None:
+            self._fh.write(line + "\n")
+            self._fh.flush()
+
+    def stage(self, name: str) -> None:
+        self.send(event="stage", stage=name)

@@ -1,0 +1,48 @@
+"""The TPU compiler's own static cycle estimate, read from its LLO profile dump (no TPU needed).
+
+libtpu writes ``<dir>/<hlo op>_static_llo_profile.textproto`` for every op it compiles when
+``--xla_jf_dump_static_llo_profile_to=<dir>`` is in ``LIBTPU_INIT_ARGS`` before it loads. A
+Pallas kernel gives one file (its custom call) plus one per surrounding op (copies, fusions);
+a plain XLA program one per fusion. The program's estimate is the sum of all of them.
+The flag is internal to libtpu: when no file appears we say so rather than guess.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from evaluator.chips import Chip
+from evaluator.timing._base import Timing, TimingSource
+
+_CYCLES_RE = re.compile(r"estimated_cycles:\s*(\d+)")
+DUMP_FLAG = "--xla_jf_dump_static_llo_profile_to"
+
+
+def read_cycles(dump_dir: Path) -> int | None:
+    files = sorted(dump_dir.glob("*static_llo_profile*.textproto")) if dump_dir.is_dir() else []
+    if not files:
+        return None
+    total = 0
+    for path in files:
+        # Only the first estimate per file: the op's own total (nested entries would double-count).
+        match = _CYCLES_RE.search(path.read_text(errors="replace"))
+        if match:
+            total += int(match.group(1))
+    return total
+
+
+class CompilerEstimate(TimingSource):
+    name = "compiler_estimate"
+    description = "libtpu's static cycle estimate of the compiled program, divided by the chip clock"
+
+    def worker_env(self, scratch: Path) -> dict[str, str]:
+        return {"LIBTPU_INIT_ARGS": f"{DUMP_FLAG}={scratch / 'llo'}"}
+
+    def read(self, scratch: Path, stage_data: dict[str, dict], chip: Chip) -> Timing:
+        cycles = read_cycles(scratch / "llo")
+        if not cycles:
+            return Timing(None, error=(
+                "the TPU compiler wrote no static LLO profile: this libtpu does not support "
+                f"{DUMP_FLAG}; use libtpu 0.0.42.1 (pinned) or time on a TPU host"))
+        return Timing(cycles / chip.clock_hz, cycles=cycles)

@@ -1,0 +1,1 @@
+"""pallas-evolve: evolve."""

@@ -1,0 +1,159 @@
+"""The trusted half of the flash-attention seed: shape, inputs, reference, FLOPs, tolerances.
+
+Nothing here is ever taken from a candidate. The judge imports this module in trusted
+processes only; candidates see nothing but the input arrays it produces.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+DTYPES = ("bfloat16", "float16", "float32")
+DISTRIBUTIONS = ("normal", "outliers")
+
+# |out - ref| <= atol + rtol * |ref|, elementwise, on top of strict shape / dtype / NaN checks.
+# bf16 outputs round at 2**-8 relative; the kernel's own bf16 matmuls add about as much again.
+TOLERANCES = {
+    "bfloat16": (2e-2, 2e-2),
+    "float16": (4e-3, 4e-3),
+    "float32": (2e-4, 2e-4),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionTask:
+    """One attention problem: (B, H, N, D) query, key and value of one dtype."""
+
+    batch: int = 1
+    heads: int = 8
+    seq_len: int = 2048
+    head_dim: int = 128
+    causal: bool = True
+    dtype: str = "bfloat16"
+
+    def __post_init__(self) -> None:
+        for name in ("batch", "heads", "seq_len", "head_dim"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+
+    # ---- identity -------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return (self.batch, self.heads, self.seq_len, self.head_dim)
+
+    @property
+    def key(self) -> str:
+        """A stable name for archives and MLflow experiments."""
+        mask = "causal" if self.causal else "full"
+        return (f"flash_attention/B{self.batch}-H{self.heads}-N{self.seq_len}-D{self.head_dim}"
+                f"-{mask}-{self.dtype}")
+
+    @property
+    def sm_scale(self) -> float:
+        return 1.0 / math.sqrt(self.head_dim)
+
+    @property
+    def itemsize(self) -> int:
+        return np.dtype(self.dtype).itemsize if self.dtype != "bfloat16" else 2
+
+    # ---- the work that counts ---------------------------------------------------------------
+    @property
+    def flops(self) -> float:
+        """Useful FLOPs: 2 matmuls of 2*N*N*D each, causal counting only the unmasked pairs."""
+        n = self.seq_len
+        pairs = n * (n + 1) / 2 if self.causal else n * n
+        return 4.0 * self.batch * self.heads * pairs * self.head_dim
+
+    @property
+    def bytes_moved(self) -> float:
+        """The unavoidable HBM traffic: read q, k, v once, write o once."""
+        return 4.0 * self.batch * self.heads * self.seq_len * self.head_dim * self.itemsize
+
+    @property
+    def tolerance(self) -> tuple[float, float]:
+        return TOLERANCES[self.dtype]
+
+
+def parse_shape(text: str) -> dict[str, int]:
+    """Parse ``B=1,H=8,N=2048,D=128`` (any subset) into task keyword arguments."""
+    names = {"B": "batch", "H": "heads", "N": "seq_len", "D": "head_dim"}
+    out: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        key = key.strip().upper()
+        if not sep or key not in names:
+            raise ValueError(f"bad shape item {part!r}: expected KEY=VALUE with KEY in B, H, N, D "
+                             "(e.g. B=1,H=8,N=2048,D=128)")
+        try:
+            number = int(value)
+        except ValueError:
+            raise ValueError(f"bad shape item {part!r}: {value!r} is not an integer") from None
+        if number <= 0:
+            raise ValueError(f"bad shape item {part!r}: {key} must be positive")
+        out[names[key]] = number
+    return out
+
+
+# ---- inputs -------------------------------------------------------------------------------
+def make_inputs(task: AttentionTask, seed: int, distribution: str = "normal"):
+    """q, k, v as numpy arrays of the task's dtype (bf16 via ml_dtypes).
+
+    ``outliers`` adds a few large-magnitude entries to q and k (large logits test the running
+    max) and to v (large values test the accumulator's scaling).
+    """
+    import ml_dtypes  # installed with jax
+
+    if distribution not in DISTRIBUTIONS:
+        raise ValueError(f"unknown distribution {distribution!r}; use one of {DISTRIBUTIONS}")
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for scale in (1.0, 1.0, 1.0):
+        x = rng.standard_normal(task.shape, dtype=np.float32) * scale
+        if distribution == "outliers":
+            mask = rng.random(task.shape) < 0.002
+            x = np.where(mask, x * 30.0, x)
+        arrays.append(x)
+    np_dtype = ml_dtypes.bfloat16 if task.dtype == "bfloat16" else np.dtype(task.dtype)
+    return tuple(a.astype(np_dtype) for a in arrays)
+
+
+# Inputs every candidate is checked on: several PRNG seeds and both distributions.
+CORRECTNESS_INPUTS = (("normal", 0), ("normal", 1), ("outliers", 2))
+
+
+# ---- references ------------------------------------------------------------------------------
+def reference_f32(task: AttentionTask, q, k, v):
+    """Plain attention in f32 numpy: the ground truth every candidate is compared with."""
+    q32, k32, v32 = (np.asarray(x, dtype=np.float32) for x in (q, k, v))
+    s = np.einsum("bhqd,bhkd->bhqk", q32, k32) * np.float32(task.sm_scale)
+    if task.causal:
+        n = task.seq_len
+        s = np.where(np.tril(np.ones((n, n), dtype=bool)), s, -np.inf)
+    s = s - s.max(axis=-1, keepdims=True)
+    p = np.exp(s)
+    p /= p.sum(axis=-1, keepdims=True)
+    return np.einsum("bhqk,bhkd->bhqd", p, v32)
+
+
+def reference_program(task: AttentionTask):
+    """The plain XLA program the speedups are quoted against (jnp, task dtype, f32 softmax)."""
+    import jax
+    import jax.numpy as jnp
+
+    def attention(q, k, v):
+        s = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32)
+        s = s * task.sm_scale
+        if task.causal:
+            n = task.seq_len
+            s = jnp.where(jnp.tril(jnp.ones((n, n), dtype=bool)), s, -jnp.inf)
+        p = jax.nn.softmax(s, axis=-1)
+        return jnp.einsum("bhqk,bhkd->bhqd", p.astype(v.dtype), v,
+                          preferred_element_type=jnp.float32).astype(q.dtype)
+
+    return attention
