@@ -62,6 +62,7 @@ class Archive:
         self.archive_dir = self.data_dir / "archive"
         self.runs_dir = self.data_dir / "runs"
         self._cache: dict[Path, pa.Table] = {}   # files never change once renamed into place
+        self._concat: tuple[tuple[Path, ...], pa.Table] | None = None   # last whole-archive read
         if self.data_dir.exists() and not self.data_dir.is_dir():
             raise ArchiveError(f"data directory {self.data_dir} is a file, not a directory; "
                                "pass --data-dir pointing at a directory")
@@ -152,11 +153,14 @@ class Archive:
 
     def table(self, run_id: str | None = None) -> pa.Table:
         """All evaluations (of one run) as one Arrow table in SCHEMA, oldest first."""
-        tables = [self._read(p) for p in self._files(run_id)]
-        if not tables:
-            return empty_table()
-        table = pa.concat_tables(tables)
-        return table.sort_by([("evaluated_at", "ascending")])
+        files = tuple(self._files(run_id))
+        if run_id is None and self._concat is not None and self._concat[0] == files:
+            return self._concat[1]
+        tables = [self._read(p) for p in files]
+        table = pa.concat_tables(tables).sort_by([("evaluated_at", "ascending")]) if tables else empty_table()
+        if run_id is None:
+            self._concat = (files, table)
+        return table
 
     def evaluations(self, run_id: str | None = None) -> pd.DataFrame:
         """All evaluations (of one run), one row each, oldest first."""

@@ -199,8 +199,9 @@ WORKER = textwrap.dedent("""
 """)
 
 
-def test_two_processes_logging_to_one_sqlite_store(tmp_path):
-    ensure_store(tmp_path)          # the parent creates the schema before any worker starts
+def test_two_processes_logging_to_one_sqlite_store(data_dir):
+    tmp_path = data_dir             # the schema exists before any worker starts (copied template)
+    assert ensure_store(tmp_path) == tracking_uri_for(tmp_path)
     script = WORKER.format(root=str(ROOT), tests=str(Path(__file__).parent), data=str(tmp_path))
     procs = [subprocess.Popen([sys.executable, "-c", script, tag], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for tag in ("p", "q")]
