@@ -151,7 +151,9 @@ class Judge:
             "TF_CPP_MIN_LOG_LEVEL": "2",
         }
         if not self.on_tpu:
+            # No chip to guard: let parallel workers load libtpu without its /tmp lockfile.
             env["JAX_PLATFORMS"] = "cpu"
+            env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
         env.update(self.timing.worker_env(scratch))
         return env
 

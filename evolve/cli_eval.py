@@ -1,0 +1,113 @@
+"""`evolve eval PATH`: judge one kernel file against the seed's task."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from evaluator.chips import CHIPS
+from evaluator.result import EvalResult
+from evolve.errors import UsageError
+
+
+def add_task_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--chip", default="v5e", help=f"target chip: {', '.join(CHIPS)} (default v5e)")
+    parser.add_argument("--shape", default="", help="problem shape, e.g. B=1,H=8,N=2048,D=128")
+    parser.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True,
+                        help="causal attention (default) or full attention (--no-causal)")
+    parser.add_argument("--dtype", default="bfloat16", help="bfloat16 (default), float16 or float32")
+
+
+def task_from_args(args: argparse.Namespace):
+    from seeds.flash_attention.task import AttentionTask, parse_shape
+
+    if args.chip not in CHIPS:
+        raise UsageError(f"unknown chip {args.chip!r}; use --chip with one of: {', '.join(CHIPS)}")
+    try:
+        return AttentionTask(**parse_shape(args.shape), causal=args.causal, dtype=args.dtype)
+    except ValueError as exc:
+        raise UsageError(f"bad task: {exc}") from None
+
+
+def check_tiling(source: str, task) -> None:
+    """Refuse at once a shape the kernel's block tunables cannot tile (bad input, not a bad kernel)."""
+    from mutations import read_tunables
+
+    try:
+        consts = read_tunables(source)
+    except Exception:  # noqa: BLE001 - an unparsable source is the screen's business
+        consts = {}
+    for name in ("BLOCK_Q", "BLOCK_KV"):
+        block = consts.get(name)
+        if block and task.seq_len > block and task.seq_len % block:
+            raise UsageError(f"N={task.seq_len} cannot be tiled by the kernel's {name}={block}; "
+                             f"use an N that is a multiple of {block}")
+    if task.seq_len > 128 and task.seq_len % 128:
+        raise UsageError(f"N={task.seq_len} is not a multiple of 128, the TPU's lane tile; "
+                         "use a multiple of 128 (or N <= 128)")
+
+
+def format_table(result: EvalResult, path: str, task) -> str:
+    d = result.to_dict()
+    m = result.metrics
+
+    def fmt(value, unit="", scale=1.0, digits=4):
+        return "-" if value is None else f"{value * scale:.{digits}g}{unit}"
+
+    rows = [
+        ("kernel", path), ("task", task.key),
+        ("status", d["status"]), ("error", d["error"] or "-"),
+        ("timing source", f"{d['timing_source']} (chip {d['chip']}, libtpu {d['libtpu_version']}, "
+                          f"jax {d['jax_version']})"),
+        ("latency", fmt(m.latency_s, " us", 1e6)),
+        ("reference latency", fmt(m.reference_latency_s, " us", 1e6)),
+        ("speedup vs reference", fmt(m.speedup_vs_reference, "x", digits=3)),
+        ("estimated cycles", "-" if m.estimated_cycles is None else f"{m.estimated_cycles:,}"),
+        ("effective TFLOP/s", fmt(m.tflops, digits=3)),
+        ("MXU utilisation", fmt(m.mxu_util, "%", 100, 3)),
+        ("HBM bandwidth utilisation", fmt(m.hbm_util, "%", 100, 3)),
+        ("regime", m.regime or "-"),
+        ("VMEM used", "-" if m.vmem_bytes is None else f"{m.vmem_bytes / 1024:.0f} KiB"),
+        ("copy trap", "-" if m.copy_trap is None else ("yes" if m.copy_trap else "no")),
+        ("max abs error", fmt(m.max_abs_error, digits=3)),
+        ("compile time", fmt(m.compile_time_s, " s", digits=3)),
+        ("evaluation wall time", f"{result.wall_time_s:.1f} s"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from evaluator.judge import Judge, JudgeConfig
+
+    path = Path(args.path)
+    if not path.is_file():
+        raise UsageError(f"no kernel file at {args.path}; give the path of a Python file that "
+                         "defines flash_attention(q, k, v, *, causal, sm_scale)")
+    try:
+        source = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read {args.path}: {exc}") from None
+    task = task_from_args(args)
+    check_tiling(source, task)
+    try:
+        judge = Judge(JudgeConfig(chip=args.chip, timing=args.timing))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    result = judge.evaluate(source, task)
+    if args.json:
+        print(json.dumps(result.to_dict(), default=str))
+    else:
+        print(format_table(result, str(path), task))
+    return 0 if result.ok else 1
+
+
+def add_commands(subparsers) -> None:
+    p = subparsers.add_parser("eval", help="judge one kernel file against the seed's task")
+    p.add_argument("path", help="a kernel file defining flash_attention(q, k, v, *, causal, sm_scale)")
+    add_task_arguments(p)
+    p.add_argument("--timing", default="auto",
+                   help="auto (measured on a TPU host, else compiler_estimate), compiler_estimate, measured")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.set_defaults(func=cmd_eval)

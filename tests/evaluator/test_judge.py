@@ -1,0 +1,98 @@
+"""The judge end to end on tiny tasks: one status per failure mode, and the seed passes."""
+
+from __future__ import annotations
+
+import pytest
+
+from evaluator.result import Status
+from tests.evaluator.conftest import TINY, TINY_FULL, variant
+
+
+@pytest.mark.parametrize("task", [TINY, TINY_FULL], ids=["causal", "full"])
+def test_seed_passes_with_compiler_estimate(judge, seed_source, task):
+    r = judge.evaluate(seed_source, task)
+    assert r.status is Status.PASS, r.error
+    m = r.metrics
+    assert m.estimated_cycles and m.estimated_cycles > 0
+    assert m.reference_cycles and m.reference_cycles > 0
+    assert m.speedup_vs_reference == pytest.approx(m.reference_cycles / m.estimated_cycles)
+    assert m.vmem_bytes and m.vmem_bytes > 0
+    assert m.max_abs_error is not None and m.max_abs_error < 0.5
+    assert m.regime in ("compute-bound", "memory-bound")
+    assert r.provenance.timing_source == "compiler_estimate"
+    assert r.provenance.libtpu_version and r.provenance.chip == "v5e"
+
+
+def test_misaligned_block_fails_lowering_with_the_compiler_message(judge, seed_source):
+    src = variant(seed_source, "BLOCK_Q = 128", "BLOCK_Q = 4")
+    r = judge.evaluate(src, TINY_FULL)
+    assert r.status is Status.FAIL_LOWER, (r.status, r.error)
+    assert "divisible by 8 and 128" in r.error or "block shape" in r.error
+
+
+def test_blocks_that_exhaust_vmem_fail_vmem(judge, seed_source):
+    # 2048-row blocks with 128-lane stats and an f32 accumulator, under a tiny scoped limit.
+    src = variant(seed_source, 'dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"))',
+                  'dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),\n'
+                  '            vmem_limit_bytes=256 * 1024)')
+    r = judge.evaluate(src, TINY_FULL)
+    assert r.status is Status.FAIL_VMEM, (r.status, r.error)
+    assert "vmem" in r.error.lower()
+
+
+def test_dropping_the_softmax_scale_fails_correctness(judge, seed_source):
+    src = variant(seed_source, "s = s * sm_scale", "s = s * 1.0")
+    r = judge.evaluate(src, TINY_FULL)
+    assert r.status is Status.FAIL_CORRECTNESS, (r.status, r.error)
+    assert "tolerance" in r.error
+
+
+def test_nan_output_fails_correctness(judge, seed_source):
+    src = variant(seed_source, "o_ref[0, 0] = acc_scratch[...].astype(o_ref.dtype)",
+                  "o_ref[0, 0] = (acc_scratch[...] * jnp.nan).astype(o_ref.dtype)")
+    r = judge.evaluate(src, TINY_FULL)
+    assert r.status is Status.FAIL_CORRECTNESS
+    assert "NaN" in r.error
+
+
+def test_reading_scratch_before_writing_it_fails(judge, seed_source):
+    # Forget to initialise the accumulator: interpret mode fills fresh scratch with NaN.
+    src = variant(seed_source, "        acc_scratch[...] = jnp.zeros(acc_scratch.shape, jnp.float32)\n", "")
+    r = judge.evaluate(src, TINY_FULL)
+    assert r.status is Status.FAIL_CORRECTNESS, (r.status, r.error)
+
+
+def test_zeros_and_wrong_shape_and_wrong_dtype_fail(judge, seed_source):
+    wrap = "\n\n_inner = flash_attention\n\n\ndef flash_attention(q, k, v, *, causal=True, sm_scale=1.0):\n"
+    zeros = seed_source + wrap + "    return jnp.zeros_like(_inner(q, k, v, causal=causal, sm_scale=sm_scale))\n"
+    shape = seed_source + wrap + "    return _inner(q, k, v, causal=causal, sm_scale=sm_scale)[:, :, :-8]\n"
+    dtype = seed_source + wrap + "    return _inner(q, k, v, causal=causal, sm_scale=sm_scale).astype(jnp.float32)\n"
+    results = judge.evaluate_many([zeros, shape, dtype], TINY_FULL)
+    assert [r.status for r in results] == [Status.FAIL_CORRECTNESS] * 3, [r.error for r in results]
+    assert "tolerance" in results[0].error
+    assert "shape" in results[1].error
+    assert "dtype" in results[2].error
+
+
+def test_right_on_one_distribution_only_fails(judge, seed_source):
+    # Correct for small logits, wrong when outliers make the running max matter: no max subtraction.
+    src = variant(seed_source, "m_next = jnp.maximum(m_prev, m_curr)", "m_next = jnp.zeros_like(m_prev)")
+    r = judge.evaluate(src, TINY_FULL)
+    assert r.status is Status.FAIL_CORRECTNESS, (r.status, r.error)
+    assert "outliers" in r.error
+
+
+def test_forbidden_import_fails_the_screen_naming_it(judge, seed_source):
+    r = judge.evaluate("import subprocess\n" + seed_source, TINY)
+    assert r.status is Status.FAIL_SCREEN
+    assert "subprocess" in r.error and "line 1" in r.error
+
+
+def test_results_are_frozen_and_json_ready(judge, seed_source):
+    import dataclasses
+    import json
+
+    r = judge.evaluate("import os\n" + seed_source, TINY)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.status = Status.PASS  # type: ignore[misc]
+    assert json.loads(json.dumps(r.to_dict()))["status"] == "FAIL_SCREEN"

@@ -1,0 +1,69 @@
+"""Misbehaving candidates through the whole judge: timeouts, memory, output, integrity."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from evaluator import judge as judge_module
+from evaluator.judge import Judge, JudgeConfig, StageBudgets
+from evaluator.result import Status
+from evaluator.sandbox import Limits
+from tests.evaluator.conftest import TINY, TINY_FULL, variant
+
+
+@pytest.fixture(scope="module")
+def strict_judge(tmp_path_factory) -> Judge:
+    budgets = StageBudgets(load_s=15, lower_s=30, compile_s=60, correctness_s=60)
+    return Judge(JudgeConfig(budgets=budgets, limits=Limits(memory_bytes=6 << 30),
+                             cache_dir=str(tmp_path_factory.mktemp("cache"))))
+
+
+def test_a_candidate_that_never_returns_is_a_timeout_and_the_next_still_evaluates(strict_judge,
+                                                                                   seed_source):
+    hang = seed_source + "\n\nwhile True:\n    pass\n"
+    start = time.monotonic()
+    r = strict_judge.evaluate(hang, TINY)
+    assert r.status is Status.TIMEOUT, (r.status, r.error)
+    assert "load" in r.error and "budget" in r.error
+    assert time.monotonic() - start < 15 + 10
+    assert strict_judge.evaluate(seed_source, TINY).status is Status.PASS
+
+
+def test_a_candidate_that_allocates_too_much_is_oom_and_the_reference_passes(strict_judge, seed_source):
+    hog = seed_source + "\n\n_hog = [0] * (4 << 30)\n"
+    r = strict_judge.evaluate(hog, TINY)
+    assert r.status is Status.OOM, (r.status, r.error)
+    assert strict_judge.reference_timing(TINY).latency_s is not None   # same limits
+
+
+def test_printing_100mb_keeps_a_bounded_log(strict_judge, seed_source):
+    loud = seed_source + "\n\nprint('x' * 100_000_000)\n"
+    r = strict_judge.evaluate(loud, TINY)
+    assert r.status is Status.PASS, r.error
+    assert len(r.log_tail) <= 4000
+
+
+def test_patching_the_comparison_is_refused_by_the_screen(strict_judge, seed_source):
+    src = "import numpy as np\nnp.allclose = lambda *a, **k: True\n" + seed_source
+    r = strict_judge.evaluate(src, TINY)
+    assert r.status is Status.FAIL_SCREEN and "np.allclose" in r.error
+
+
+def test_patching_inside_the_candidate_cannot_reach_the_comparison(strict_judge, seed_source, monkeypatch):
+    # Even with the screen out of the way, the candidate's patches live in another process.
+    from evaluator.screen import ScreenResult
+
+    monkeypatch.setattr(judge_module, "screen_source", lambda *a, **k: ScreenResult(True))
+    wrong = variant(seed_source, "s = s * sm_scale", "s = s * 1.0")
+    patched = ("import numpy as np\nnp.abs = lambda x: x * 0\nnp.isfinite = lambda x: x == x\n"
+               "import time\ntime.perf_counter = lambda: 0.0\n" + wrong)
+    r = strict_judge.evaluate(patched, TINY_FULL)
+    assert r.status is Status.FAIL_CORRECTNESS, (r.status, r.error)
+
+
+def test_many_candidates_come_back_in_order_each_with_its_own_status(strict_judge, seed_source):
+    wrong = variant(seed_source, "s = s * sm_scale", "s = s * 1.0")
+    results = strict_judge.evaluate_many([wrong, seed_source, "import os\n" + seed_source], TINY)
+    assert [r.status for r in results] == [Status.FAIL_CORRECTNESS, Status.PASS, Status.FAIL_SCREEN]

@@ -1,0 +1,52 @@
+"""The static screen: what it refuses, naming the construct and its line, and what it lets through."""
+
+from __future__ import annotations
+
+import pytest
+
+from evaluator.screen import screen_source
+
+OK_TAIL = "\n\ndef flash_attention(q, k, v, *, causal=True, sm_scale=1.0):\n    return q\n"
+
+
+@pytest.mark.parametrize("snippet, named", [
+    ("import os", "'os'"),
+    ("import sys", "'sys'"),
+    ("import subprocess", "'subprocess'"),
+    ("import ctypes", "'ctypes'"),
+    ("import builtins", "'builtins'"),
+    ("from os import path", "'os'"),
+    ("from jax import config", "'jax.config'"),
+    ("x = open('/etc/passwd')", "open()"),
+    ("exec('1')", "exec()"),
+    ("eval('1')", "eval()"),
+    ("m = __import__('os')", "__import__"),
+    ("x = ().__class__", "__class__"),
+    ("import jax.numpy as jnp\njnp.dot = None", "jnp.dot"),
+    ("import numpy as np\nnp.save('x', 1)", ".save"),
+    ("import jax\njax.config.update = None", "jax.config.update"),
+    ("from . import x", "relative"),
+    ("global g", "global"),
+])
+def test_forbidden_constructs_are_named_with_their_line(snippet, named):
+    result = screen_source(snippet + OK_TAIL)
+    assert not result.ok
+    assert named in result.error
+    assert result.error.startswith(f"line {snippet.count(chr(10)) + 1}:")
+
+
+def test_the_seed_and_jax_kernels_pass(seed_source):
+    assert screen_source(seed_source).ok
+    src = ("from jax.experimental.pallas.ops.tpu import flash_attention as fa\n" + OK_TAIL)
+    assert screen_source(src).ok
+
+
+@pytest.mark.parametrize("source, message", [
+    ("def other(q, k, v): pass", "no top-level function 'flash_attention'"),
+    ("def flash_attention(a, b, c, *, causal, sm_scale): pass", "must take (q, k, v)"),
+    ("def flash_attention(q, k, v): pass", "causal, sm_scale"),
+    ("def flash_attention(q, k, v:\n", "syntax error"),
+])
+def test_the_kernel_interface_is_checked(source, message):
+    result = screen_source(source)
+    assert not result.ok and message in result.error
