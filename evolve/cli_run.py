@@ -1,0 +1,271 @@
+"""`evolve run | resume | status | lineage | sync | ui | promote`: runs as users meet them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from evolve.errors import UsageError
+
+DEFAULT_DATA_DIR = "evolve_data"
+
+
+def _archive(data_dir: str, *, create: bool = False):
+    from archive import Archive, ArchiveError
+
+    path = Path(data_dir)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--data-dir {data_dir} is a file, not a directory; give a directory")
+    if path.exists() and not os.access(path, os.R_OK | os.X_OK):
+        raise UsageError(f"data directory {data_dir} is not readable; fix its permissions or choose "
+                         "another --data-dir")
+    if not create and not path.is_dir():
+        raise UsageError(f"no data directory at {data_dir}; start a run with 'evolve run' or pass "
+                         "--data-dir")
+    try:
+        return Archive(path, create=create)
+    except ArchiveError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _config_from_args(args: argparse.Namespace):
+    from evolve.config import load_config
+
+    return load_config(args.config, {
+        "search": {"population": args.population, "generations": args.generations,
+                   "rng_seed": args.rng_seed},
+        "task": {"seed": args.seed, "shape": args.shape, "causal": args.causal},
+        "judge": {"chip": args.chip, "workers": args.workers},
+    })
+
+
+def _report(run, champion) -> None:
+    from evolve.run import lineage_rows
+
+    print(f"\nrun {run.run_id}  task {run.task.key}  timing: {run.prov.timing_source} "
+          f"(chip {run.prov.chip}, libtpu {run.prov.libtpu_version})")
+    if champion is None:
+        print("no kernel passed the judge")
+        return
+    chain = lineage_rows(run.archive, run.run_id, champion.id)
+    seed = chain[0] if chain else None
+    m = champion.result.metrics
+    rows = [("reference (XLA)", m.reference_latency_s, 1.0)]
+    if seed is not None and seed.get("latency_s"):
+        rows.append(("seed", seed["latency_s"], seed["speedup_vs_reference"]))
+    rows.append((f"champion {champion.id}", m.latency_s, m.speedup_vs_reference))
+    print(f"{'kernel':<28} {'latency (us)':>14} {'vs reference':>13} {'vs seed':>9}")
+    for name, lat, sp in rows:
+        vs_seed = (f"{seed['latency_s'] / lat:.2f}x" if seed is not None and seed.get("latency_s") and lat
+                   else "-")
+        print(f"{name:<28} {lat * 1e6 if lat else float('nan'):>14.1f} {sp:>12.3f}x {vs_seed:>9}")
+    print("edits: " + (" -> ".join(_edit_label(r) for r in chain[1:]) or "(the seed itself)"))
+    print(f"browse: evolve ui --data-dir {run.data_dir}    lineage: evolve lineage {champion.id} "
+          f"--data-dir {run.data_dir}    promote: evolve promote {run.run_id} --data-dir {run.data_dir}")
+
+
+def _edit_label(row) -> str:
+    params = row.get("params")
+    if isinstance(params, str):
+        try:
+            params = json.loads(params)
+        except ValueError:
+            pass
+    text = ",".join(f"{k}={v}" for k, v in (params or {}).items()) if isinstance(params, dict) else str(params)
+    return f"{row.get('operator')}({text})"
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from evolve.run import EvolutionRun
+
+    config = _config_from_args(args)
+    _archive(args.data_dir, create=True)
+    run = EvolutionRun(config, args.data_dir)
+    print(f"run {run.run_id}: {config.search.population} individuals x {config.search.generations} "
+          f"generations on {run.task.key}, chip {config.judge.chip}, data in {args.data_dir}", file=sys.stderr)
+    _report(run, run.start())
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from evolve.config import RunConfig
+    from evolve.run import EvolutionRun
+
+    archive = _archive(args.data_dir)
+    meta = _meta(archive, args.run)
+    run = EvolutionRun(RunConfig.from_dict(meta["config"]), args.data_dir, run_id=args.run)
+    _report(run, run.resume())
+    return 0
+
+
+def _meta(archive, run_id: str) -> dict:
+    from archive import ArchiveError
+
+    try:
+        return archive.read_run_meta(run_id)
+    except (ArchiveError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    archive = _archive(args.data_dir)
+    pd.set_option("display.width", 160)
+    if not args.run:
+        runs = archive.runs()
+        print(runs.to_string(index=False) if not runs.empty else "no runs yet")
+        return 0
+    _meta(archive, args.run)
+    df = archive.evaluations(args.run)
+    if df.empty:
+        print(f"run {args.run} has no evaluations yet")
+        return 0
+    table = df.groupby("generation").agg(
+        evaluations=("individual_id", "size"),
+        passed=("status", lambda s: int((s == "PASS").sum())),
+        best_speedup=("speedup_vs_reference", "max"),
+        median_speedup=("speedup_vs_reference", "median"))
+    print(f"run {args.run} (timing source: {df['timing_source'].dropna().iloc[0] if df['timing_source'].notna().any() else '-'})")
+    print(table.to_string())
+    return 0
+
+
+def cmd_lineage(args: argparse.Namespace) -> int:
+    from evolve.run import lineage_rows
+    from mlflow_runs import lineage_svg
+
+    archive = _archive(args.data_dir)
+    chain = lineage_rows(archive, None, args.id)
+    if not chain:
+        raise UsageError(f"no individual {args.id!r} in {args.data_dir}; see 'evolve status RUN' for ids")
+    prev = None
+    for row in chain:
+        sp = row.get("speedup_vs_reference")
+        gain = f"  ({sp / prev:.2f}x over its parent)" if sp and prev else ""
+        sp_text = f"{sp:.3f}x vs reference" if sp else row.get("status")
+        label = "seed" if not row.get("parent_ids") is not None or row.get("operator") == "seed" else _edit_label(row)
+        print(f"{row['individual_id']}  g{int(row['generation'])}  {label:<60} {sp_text}{gain}")
+        prev = sp or prev
+    out = Path(args.out or f"lineage-{args.id}.svg")
+    out.write_text(lineage_svg(chain, title=f"lineage of {args.id}"))
+    print(f"picture: {out}")
+    return 0
+
+
+def cmd_sync(args: argparse.Namespace) -> int:
+    from mlflow_runs import Tracker, ensure_store
+
+    archive = _archive(args.data_dir)
+    _meta(archive, args.run)
+    ensure_store(args.data_dir)
+    counts = Tracker(args.data_dir).sync(args.run, archive)
+    print(f"synced run {args.run}: {counts}")
+    return 0
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    from mlflow_runs import ensure_store
+
+    _archive(args.data_dir)
+    uri = ensure_store(args.data_dir)
+    print(f"MLflow UI on http://127.0.0.1:{args.port} (store {uri}); Ctrl-C to stop", file=sys.stderr)
+    return subprocess.call([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
+                            "--host", "127.0.0.1", "--port", str(args.port)])
+
+
+def cmd_promote(args: argparse.Namespace) -> int:
+    from evaluator.judge import Judge, JudgeConfig
+    from evolve.config import RunConfig
+    from evolve.run import lineage_rows
+    from mlflow_runs import ensure_store, register_champion
+
+    archive = _archive(args.data_dir)
+    meta = _meta(archive, args.run)
+    champion_id = meta.get("champion_id")
+    if not champion_id:
+        raise UsageError(f"run {args.run} has no champion yet; let it finish or 'evolve resume {args.run}'")
+    config = RunConfig.from_dict(meta["config"])
+    task = config.task.task()
+    chain = lineage_rows(archive, args.run, champion_id)
+    source = chain[-1]["source"]
+    judge = Judge(JudgeConfig(chip=config.judge.chip, timing=config.judge.timing,
+                              cache_dir=str(Path(args.data_dir) / "cache")))
+    result = judge.evaluate(source, task)        # re-verified, never taken on trust
+    if not result.ok:
+        print(f"evolve: champion {champion_id} no longer passes the judge: {result.status.value}: "
+              f"{result.error}", file=sys.stderr)
+        return 1
+    m, p = result.metrics, result.provenance
+    header = "\n".join([
+        '"""Promoted by pallas-evolve.', "",
+        f"run: {args.run}", f"individual: {champion_id}", f"task: {task.key}",
+        "lineage: seed -> " + " -> ".join(_edit_label(r) for r in chain[1:]),
+        f"latency: {m.latency_s:.6g} s ({p.timing_source}, chip {p.chip}, libtpu {p.libtpu_version}, "
+        f"jax {p.jax_version})",
+        f"speedup vs reference: {m.speedup_vs_reference:.4g}x", '"""', "", ""])
+    out = Path(args.to or f"champion-{args.run}.py")
+    out.write_text(header + source)
+    ensure_store(args.data_dir)
+    name = args.name or f"flash_attention_{config.judge.chip}"
+    version = register_champion(header + source, name, {
+        "run_id": args.run, "individual_id": champion_id, "task_key": task.key,
+        **result.to_dict()}, data_dir=args.data_dir)
+    print(f"promoted {champion_id} to {out}; registered as models:/{name}@champion "
+          f"(version {getattr(version, 'version', version)})")
+    return 0
+
+
+def add_commands(subparsers) -> None:
+    def data_dir(p):
+        p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="where runs are stored (default ./evolve_data)")
+
+    p = subparsers.add_parser("run", help="start an evolution run")
+    p.add_argument("--seed", default=None, help="the seed kernel (default flash_attention)")
+    p.add_argument("--chip", default=None, help="v5e (default) or v6e")
+    p.add_argument("--shape", default=None, help="e.g. B=1,H=8,N=2048,D=128")
+    p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--population", type=int, default=None)
+    p.add_argument("--generations", type=int, default=None)
+    p.add_argument("--rng-seed", type=int, default=None)
+    p.add_argument("--workers", type=int, default=None, help="parallel judges (default: one per core)")
+    p.add_argument("--config", default=None, help="a TOML file with [search], [task], [judge] tables")
+    data_dir(p)
+    p.set_defaults(func=cmd_run)
+
+    p = subparsers.add_parser("resume", help="continue a run that was interrupted")
+    p.add_argument("run")
+    data_dir(p)
+    p.set_defaults(func=cmd_resume)
+
+    p = subparsers.add_parser("status", help="list runs, or one run's generations")
+    p.add_argument("run", nargs="?")
+    data_dir(p)
+    p.set_defaults(func=cmd_status)
+
+    p = subparsers.add_parser("lineage", help="the chain of edits from the seed to an individual")
+    p.add_argument("id")
+    p.add_argument("--out", default=None, help="where to write the SVG picture")
+    data_dir(p)
+    p.set_defaults(func=cmd_lineage)
+
+    p = subparsers.add_parser("sync", help="rebuild a run's MLflow side from the archive")
+    p.add_argument("run")
+    data_dir(p)
+    p.set_defaults(func=cmd_sync)
+
+    p = subparsers.add_parser("ui", help="the MLflow UI on this data directory, on 127.0.0.1")
+    p.add_argument("--port", type=int, default=5000)
+    data_dir(p)
+    p.set_defaults(func=cmd_ui)
+
+    p = subparsers.add_parser("promote", help="re-verify a run's champion, write it out, register it")
+    p.add_argument("run")
+    p.add_argument("--to", default=None, help="where to write the kernel (default champion-RUN.py)")
+    p.add_argument("--name", default=None, help="registered model name")
+    data_dir(p)
+    p.set_defaults(func=cmd_promote)

@@ -1,0 +1,122 @@
+"""Typed run configuration: frozen dataclasses, from flags or a TOML file."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from evolve.errors import UsageError
+
+SEEDS = ("flash_attention",)
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchConfig:
+    population: int = 6
+    generations: int = 3
+    tournament_size: int = 2
+    crossover_prob: float = 0.3
+    hall_of_fame: int = 2           # elites carried into every generation: the ratchet
+    rng_seed: int = 0
+    max_tries: int = 8              # attempts to produce a new (unseen) child before giving up
+
+    def __post_init__(self) -> None:
+        if self.population < 2:
+            raise UsageError(f"population must be at least 2, got {self.population}; use --population 2 or more")
+        if self.generations < 0:
+            raise UsageError(f"generations must be 0 or more, got {self.generations}")
+        if not 1 <= self.tournament_size <= self.population:
+            raise UsageError("tournament_size must be between 1 and the population size")
+        if not 0.0 <= self.crossover_prob <= 1.0:
+            raise UsageError("crossover_prob must be between 0 and 1")
+        if not 1 <= self.hall_of_fame < self.population:
+            raise UsageError("hall_of_fame must be at least 1 and smaller than the population")
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskConfig:
+    seed: str = "flash_attention"
+    shape: str = "B=1,H=8,N=2048,D=128"
+    causal: bool = True
+    dtype: str = "bfloat16"
+
+    def __post_init__(self) -> None:
+        if self.seed not in SEEDS:
+            raise UsageError(f"unknown seed {self.seed!r}; available seeds: {', '.join(SEEDS)}")
+
+    def task(self):
+        from seeds.flash_attention.task import AttentionTask, parse_shape
+
+        try:
+            return AttentionTask(**parse_shape(self.shape), causal=self.causal, dtype=self.dtype)
+        except ValueError as exc:
+            raise UsageError(f"bad task: {exc}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class JudgeSettings:
+    chip: str = "v5e"
+    timing: str = "auto"
+    workers: int = 0                # 0: one per core
+
+    def __post_init__(self) -> None:
+        from evaluator.chips import CHIPS
+
+        if self.chip not in CHIPS:
+            raise UsageError(f"unknown chip {self.chip!r}; use --chip with one of: {', '.join(CHIPS)}")
+        if self.workers < 0:
+            raise UsageError(f"workers must be 0 (one per core) or more, got {self.workers}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    search: SearchConfig = SearchConfig()
+    task: TaskConfig = TaskConfig()
+    judge: JudgeSettings = JudgeSettings()
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RunConfig":
+        parts = {}
+        for name, kind in (("search", SearchConfig), ("task", TaskConfig), ("judge", JudgeSettings)):
+            section = data.get(name, {}) or {}
+            if not isinstance(section, dict):
+                raise UsageError(f"config section [{name}] must be a table")
+            known = {f.name for f in dataclasses.fields(kind)}
+            unknown = set(section) - known
+            if unknown:
+                raise UsageError(f"unknown key(s) in [{name}]: {', '.join(sorted(unknown))}; "
+                                 f"known: {', '.join(sorted(known))}")
+            try:
+                parts[name] = kind(**section)
+            except TypeError as exc:
+                raise UsageError(f"bad [{name}] section: {exc}") from None
+        unknown = set(data) - {"search", "task", "judge"}
+        if unknown:
+            raise UsageError(f"unknown config section(s): {', '.join(sorted(unknown))}; "
+                             "use [search], [task] and [judge]")
+        return cls(**parts)
+
+
+def load_config(path: str | None, overrides: dict[str, dict[str, Any]]) -> RunConfig:
+    """A TOML file (optional) with flag overrides on top; every problem is a UsageError."""
+    data: dict[str, Any] = {}
+    if path:
+        p = Path(path)
+        try:
+            data = tomllib.loads(p.read_text())
+        except FileNotFoundError:
+            raise UsageError(f"no config file at {path}; check the path given to --config") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"cannot read config file {path}: {exc}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise UsageError(f"config file {path} is not valid TOML: {exc}") from None
+    for section, values in overrides.items():
+        merged = dict(data.get(section, {}) or {})
+        merged.update({k: v for k, v in values.items() if v is not None})
+        data[section] = merged
+    return RunConfig.from_dict(data)

@@ -1,0 +1,221 @@
+"""One evolution run: the search wired to the judge, the Parquet archive and MLflow.
+
+The archive is the source of truth. Every evaluation is appended (one batch file, atomically)
+the moment it finishes, so ``kill -9`` loses nothing; MLflow is best-effort and is rebuilt
+from the archive by ``evolve sync``. Before judging a source, the archive is asked whether it
+was judged already for this task, chip, timing source and libtpu version.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import datetime as dt
+import os
+import secrets
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from archive import Archive, make_row
+from evaluator.judge import Judge, JudgeConfig
+from evaluator.result import EvalResult
+from evaluator.versions import versions
+from evolve.config import RunConfig
+from evolve.individual import Individual
+from evolve.search import Search, generation_rng
+from mlflow_runs import Tracker, ensure_store
+from mutations import read_tunables
+
+SEED_KERNELS = {"flash_attention": Path(__file__).resolve().parent.parent / "seeds" / "flash_attention"
+                / "kernel.py"}
+
+
+def new_run_id() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
+
+
+class Progress:
+    """One status line: generation, evaluations, best speedup so far, time left."""
+
+    def __init__(self, total_evals: int, stream=sys.stderr) -> None:
+        self.total, self.done, self.judged, self.best = total_evals, 0, 0, None
+        self.start = time.monotonic()
+        self.stream, self.tty = stream, stream.isatty()
+        self.generation = 0
+        self.lock = threading.Lock()
+
+    def update(self, *, judged: bool, speedup: float | None) -> None:
+        with self.lock:
+            self.done += 1
+            self.judged += int(judged)
+            if speedup is not None and (self.best is None or speedup > self.best):
+                self.best = speedup
+            self.show()
+
+    def show(self, final: bool = False) -> None:
+        elapsed = time.monotonic() - self.start
+        rate = elapsed / self.done if self.done else None
+        left = max(self.total - self.done, 0)
+        eta = f"~{rate * left / 60:.1f} min left" if rate and not final else f"{elapsed / 60:.1f} min"
+        best = f"{self.best:.3f}x" if self.best is not None else "-"
+        line = (f"gen {self.generation} | evaluations {self.done}/{self.total} "
+                f"({self.judged} judged, {self.done - self.judged} from archive) | best speedup {best} | {eta}")
+        end = "\n" if final or not self.tty else ""
+        print(("\r" if self.tty else "") + line + end, file=self.stream, end="", flush=True)
+
+
+class EvolutionRun:
+    def __init__(self, config: RunConfig, data_dir: str, run_id: str | None = None,
+                 quiet: bool = False) -> None:
+        self.config = config
+        self.data_dir = Path(data_dir)
+        self.archive = Archive(self.data_dir)
+        self.run_id = run_id or new_run_id()
+        self.task = config.task.task()
+        self.seed_source = SEED_KERNELS[config.task.seed].read_text()
+        workers = config.judge.workers or (os.cpu_count() or 1)
+        self.judge = Judge(JudgeConfig(chip=config.judge.chip, timing=config.judge.timing, workers=workers,
+                                       cache_dir=str(self.data_dir / "cache")))
+        ensure_store(self.data_dir)           # the schema, once, before any worker starts
+        self.tracker = Tracker(self.data_dir)
+        self.prov = self.judge.provenance()
+        self.sources: dict[str, str] = {}
+        self.in_run: set[str] = set()        # individuals that have a row in this run
+        s = config.search
+        expected = s.population + s.generations * (s.population - s.hall_of_fame)
+        self.progress = Progress(expected, open(os.devnull, "w") if quiet else sys.stderr)
+
+    # ---- evaluation: archive first, then the judge, row appended the moment it is judged -------
+    def _cached(self, ind: Individual) -> EvalResult | None:
+        hit = self.archive.lookup(ind.id, self.task.key, self.prov.chip, self.prov.timing_source,
+                                  self.prov.libtpu_version)
+        return EvalResult.from_dict(hit) if hit else None
+
+    def _row(self, ind: Individual, result: EvalResult) -> dict[str, Any]:
+        try:
+            tunables = read_tunables(ind.source)
+        except Exception:  # noqa: BLE001 - tunables are informative only
+            tunables = {}
+        return make_row(run_id=self.run_id, source=ind.source, result=result, task_key=self.task.key,
+                        generation=ind.generation, parent_ids=list(ind.parent_ids), operator=ind.operator,
+                        params=ind.params, edits=ind.edits, tunables=tunables)
+
+    def _evaluate_one(self, ind: Individual) -> tuple[EvalResult, bool, dict]:
+        cached = self._cached(ind)
+        if cached is not None:
+            result, judged = cached, False
+        else:
+            result, judged = self.judge.evaluate(ind.source, self.task), True
+        row = self._row(ind, result)
+        fresh = ind.id not in self.in_run     # judged now, or judged by another run: record it here
+        if fresh:
+            self.in_run.add(ind.id)
+            self.archive.append([row])
+        self.progress.update(judged=judged, speedup=result.metrics.speedup_vs_reference if result.ok else None)
+        return result, fresh, row
+
+    def evaluate_all(self, individuals: list[Individual]) -> None:
+        """The toolbox's map: parallel sandboxed judging, one worker per core."""
+        self.judge.reference_timing(self.task)
+        if individuals:
+            self.progress.generation = max(ind.generation for ind in individuals)
+        with concurrent.futures.ThreadPoolExecutor(self.judge.config.workers) as pool:
+            outcomes = list(pool.map(self._evaluate_one, individuals))
+        for ind, (result, fresh, row) in zip(individuals, outcomes):
+            ind.result = result
+            ind.fitness.values = (result.metrics.speedup_vs_reference or 0.0,) if result.ok else (0.0,)
+            self.sources[ind.id] = ind.source
+            if fresh:
+                parent = self.sources.get(ind.parent_ids[0]) if ind.parent_ids else None
+                self.tracker.log_individual(row, parent)
+
+    def on_generation(self, generation: int, population: list[Individual], search: Search) -> None:
+        self.progress.generation = generation
+        self.archive.append_generation(self.run_id, generation, [i.id for i in population],
+                                       [i.id for i in search.hof],
+                                       generation_rng(self.config.search.rng_seed, generation + 1))
+        speedups = [i.speedup for i in population if i.passed]
+        self.tracker.log_generation(generation, max(speedups) if speedups else None,
+                                    statistics.median(speedups) if speedups else None,
+                                    len(speedups) / len(population) if population else 0.0,
+                                    self.progress.done)
+
+    # ---- run and resume -----------------------------------------------------------------------
+    def _meta(self, status: str) -> dict[str, Any]:
+        return {"config": self.config.to_dict(), "task_key": self.task.key, "status": status,
+                "data_dir": str(self.data_dir), "timing_source": self.prov.timing_source,
+                "chip": self.prov.chip, **versions()}
+
+    def start(self) -> Individual | None:
+        self.archive.write_run_meta(self.run_id, self._meta("running"))
+        self.tracker.start_run(self.run_id, self.task.key, self.config.to_dict())
+        search = Search(self.config, self.seed_source, self.task, self.evaluate_all, self.on_generation)
+        return self._finish(search, search.run(search.initial_population(), 0))
+
+    def resume(self) -> Individual | None:
+        """Continue after the last stored generation; what was judged since is read back, not redone."""
+        self.tracker.start_run(self.run_id, self.task.key, self.config.to_dict())
+        search = Search(self.config, self.seed_source, self.task, self.evaluate_all, self.on_generation)
+        gens = self.archive.generations(self.run_id)
+        rows = self.archive.evaluations(self.run_id)
+        if gens.empty:
+            return self._finish(search, search.run(search.initial_population(), 0))
+        last = gens.iloc[-1]
+        by_id = {r["individual_id"]: r for r in rows.to_dict("records")}
+        population = [self._from_row(by_id[i]) for i in last["population_ids"] if i in by_id]
+        self.sources.update({i: r["source"] for i, r in by_id.items()})
+        self.in_run.update(by_id)
+        search.seen.update(by_id)
+        hof = [self._from_row(by_id[i]) for i in last["hall_of_fame_ids"] if i in by_id]
+        self.evaluate_all(hof + population)          # from the archive: nothing is re-judged
+        search.record(hof + population)
+        start = int(last["generation"]) + 1
+        self.progress.generation = start
+        if start > self.config.search.generations:
+            return self._finish(search, search.champion)
+        # Replay the interrupted generation exactly (same RNG state); its judged children are in
+        # the archive and come back from there.
+        search.seen.difference_update(
+            r["individual_id"] for r in rows.to_dict("records") if int(r["generation"]) >= start)
+        for generation in range(start, self.config.search.generations + 1):
+            elites, children = search.breed(population, generation)
+            self.evaluate_all(children)
+            search.record(children)
+            population = elites + children
+            self.on_generation(generation, population, search)
+        return self._finish(search, search.champion)
+
+    def _from_row(self, row: dict[str, Any]) -> Individual:
+        import json
+
+        edits = json.loads(row["edits"]) if isinstance(row["edits"], str) else list(row["edits"] or [])
+        params = json.loads(row["params"]) if isinstance(row["params"], str) else (row["params"] or {})
+        return Individual(row["source"], edits=edits, parent_ids=tuple(row["parent_ids"] or ()),
+                          operator=row["operator"] or "seed", params=params,
+                          generation=int(row["generation"]))
+
+    def _finish(self, search: Search, champion: Individual | None) -> Individual | None:
+        self.progress.show(final=True)
+        meta = self._meta("finished")
+        if champion is not None:
+            meta["champion_id"] = champion.id
+            chain = lineage_rows(self.archive, self.run_id, champion.id)
+            self.tracker.log_lineage_picture(chain)
+        self.archive.write_run_meta(self.run_id, meta)
+        self.tracker.finish()
+        return champion
+
+
+def lineage_rows(archive: Archive, run_id: str | None, individual_id: str) -> list[dict[str, Any]]:
+    """Seed -> individual, following first parents, as archive rows (one per individual)."""
+    df = archive.ancestry(individual_id, run_id=run_id)
+    if df.empty:
+        return []
+    if "first_parent_chain" in df.columns:
+        df = df[df["first_parent_chain"].astype(bool)]
+    rows = df.to_dict("records")
+    rows.sort(key=lambda r: r.get("depth", 0), reverse=True)
+    return rows

@@ -1,0 +1,121 @@
+"""The evolutionary loop: DEAP's toolbox, tournament selection, a hall of fame as the ratchet.
+
+    population <- seed + mutants of the seed; evaluate
+    for each generation:
+        elites   <- the hall of fame (the best PASS ever seen; never lost)
+        parents  <- tournament selection from the population
+        children <- crossover (replay two edit histories) or mutation (one applicable operator)
+        evaluate children (archive first: a source already judged is never judged again)
+        population <- elites + children
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Callable
+
+from deap import base, tools
+
+from evolve.config import RunConfig
+from evolve.individual import Individual
+from evolve.variation import crossover, mutate
+
+
+def generation_rng(rng_seed: int, generation: int) -> str:
+    """The RNG state of a generation, as a seed string: resuming at a generation replays it."""
+    return f"pallas-evolve:{rng_seed}:{generation}"
+
+
+def beats(challenger: Individual, champion: Individual | None) -> bool:
+    """The ratchet's rule. With measured timings a challenger must be faster beyond the
+    confidence intervals; with a deterministic estimate, faster is enough."""
+    if not challenger.passed:
+        return False
+    if champion is None or not champion.passed:
+        return True
+    a, b = challenger.result.metrics, champion.result.metrics
+    if a.latency_ci_s and b.latency_ci_s:
+        return a.latency_ci_s[1] < b.latency_ci_s[0]
+    return (challenger.speedup or 0.0) > (champion.speedup or 0.0)
+
+
+def make_toolbox(config: RunConfig, seed_source: str, task, evaluate_all: Callable) -> base.Toolbox:
+    toolbox = base.Toolbox()
+    toolbox.register("mutate", mutate, seed_source=seed_source, task=task)
+    toolbox.register("mate", crossover, seed_source=seed_source, task=task)
+    toolbox.register("select", tools.selTournament, tournsize=config.search.tournament_size)
+    toolbox.register("evaluate_all", evaluate_all)
+    return toolbox
+
+
+class Search:
+    """Holds the state of one run's search; ``evaluate_all`` judges a list of individuals
+    (setting ``.result`` and ``.fitness``) and is the single place parallelism plugs in."""
+
+    def __init__(self, config: RunConfig, seed_source: str, task, evaluate_all: Callable,
+                 on_generation: Callable[[int, list[Individual], "Search"], None]):
+        self.config = config
+        self.seed_source = seed_source
+        self.task = task
+        self.toolbox = make_toolbox(config, seed_source, task, evaluate_all)
+        self.on_generation = on_generation
+        self.hof = tools.HallOfFame(config.search.hall_of_fame, similar=lambda a, b: a.id == b.id)
+        self.champion: Individual | None = None
+        self.seen: set[str] = set()
+
+    # -- generation 0 ---------------------------------------------------------------------------
+    def initial_population(self) -> list[Individual]:
+        rng = random.Random(generation_rng(self.config.search.rng_seed, 0))
+        seed = Individual(self.seed_source, edits=[], generation=0)
+        population, self.seen = [seed], {seed.id}
+        tries = 0
+        while len(population) < self.config.search.population and tries < 10 * self.config.search.population:
+            tries += 1
+            child = self.toolbox.mutate(seed, rng=rng, generation=0)
+            if child is not None and child.id not in self.seen:
+                self.seen.add(child.id)
+                population.append(child)
+        return population
+
+    def record(self, population: list[Individual]) -> None:
+        passed = [ind for ind in population if ind.passed]
+        self.hof.update(passed)
+        for ind in passed:
+            if beats(ind, self.champion):
+                self.champion = ind
+
+    # -- one generation ---------------------------------------------------------------------------
+    def breed(self, population: list[Individual], generation: int) -> list[Individual]:
+        state = generation_rng(self.config.search.rng_seed, generation)
+        rng = random.Random(state)
+        random.seed(state)   # DEAP's selection draws from the global generator
+        elites = list(self.hof)
+        k = self.config.search.population - len(elites)
+        parents = self.toolbox.select(population, k)
+        children: list[Individual] = []
+        for parent in parents:
+            for _ in range(self.config.search.max_tries):
+                if rng.random() < self.config.search.crossover_prob:
+                    other = rng.choice(parents)
+                    child = self.toolbox.mate(parent, other, rng=rng, generation=generation)
+                else:
+                    child = self.toolbox.mutate(parent, rng=rng, generation=generation)
+                if child is not None and child.id not in self.seen:
+                    self.seen.add(child.id)
+                    children.append(child)
+                    break
+        return elites, children
+
+    def run(self, population: list[Individual], start: int) -> Individual | None:
+        """Evaluate ``population`` as generation ``start`` and go on to the last generation."""
+        self.seen.update(ind.id for ind in population)
+        self.toolbox.evaluate_all(population)
+        self.record(population)
+        self.on_generation(start, population, self)
+        for generation in range(start + 1, self.config.search.generations + 1):
+            elites, children = self.breed(population, generation)
+            self.toolbox.evaluate_all(children)
+            self.record(children)
+            population = elites + children
+            self.on_generation(generation, population, self)
+        return self.champion
