@@ -1,0 +1,169 @@
+"""The operator base class and the frozen values every operator returns.
+
+An operator is a source-to-source rewrite of a Pallas kernel module. Whether it applies is a
+value (:class:`Applicability`), not an exception; what it did is a value (:class:`MutationResult`)
+carrying a replayable :class:`Edit`. Only :meth:`Operator.sample_params` may raise (when asked
+for parameters of an operator that does not apply).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import json
+import random
+from typing import Any, ClassVar, Literal
+
+import libcst as cst
+
+Status = Literal["applied", "not_applicable", "failed"]
+
+
+class NotApplicable(Exception):
+    """Raised inside an operator's rewrite to say "does not apply"; never escapes the base."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Applicability:
+    """Whether an operator applies to a source for a task, and why not."""
+
+    ok: bool
+    reason: str = ""
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+APPLICABLE = Applicability(True, "")
+
+
+@dataclasses.dataclass(frozen=True)
+class Edit:
+    """One operator application with its parameters: replayable, JSON-able."""
+
+    op: str
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Normalise through JSON so that an edit that round-trips compares equal to itself.
+        object.__setattr__(self, "params", json.loads(json.dumps(dict(self.params), sort_keys=True)))
+
+    def __hash__(self) -> int:
+        return hash(self.to_json())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"op": self.op, "params": dict(self.params)}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Edit:
+        return cls(op=str(data["op"]), params=dict(data.get("params", {})))
+
+    @classmethod
+    def from_json(cls, text: str) -> Edit:
+        return cls.from_dict(json.loads(text))
+
+
+@dataclasses.dataclass(frozen=True)
+class MutationResult:
+    """The outcome of applying an operator (or replaying edits). Never an exception."""
+
+    status: Status
+    source: str
+    edit: Edit | None = None
+    reason: str = ""
+
+    @property
+    def applied(self) -> bool:
+        return self.status == "applied"
+
+
+class Operator(abc.ABC):
+    """A named source rewrite with a precondition and a sampled parameter space.
+
+    Subclasses set ``name`` and ``description`` and implement ``_check`` (structural match on the
+    parsed module plus task-dependent validity), ``_sample`` (parameters from the given
+    ``random.Random``; deterministic for a given generator state) and ``_rewrite`` (the libcst
+    rewrite). Helpers may raise :class:`NotApplicable`; the public methods turn it into values.
+    """
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+
+    # ---- to implement ---------------------------------------------------------------------
+    @abc.abstractmethod
+    def _check(self, module: cst.Module, task: Any) -> Applicability:
+        """Structural and task precondition (parameters not yet chosen)."""
+
+    @abc.abstractmethod
+    def _sample(self, module: cst.Module, task: Any, rng: random.Random) -> dict[str, Any]:
+        """Parameters for ``_rewrite``; only called when ``_check`` said ok."""
+
+    @abc.abstractmethod
+    def _rewrite(self, module: cst.Module, task: Any, params: dict[str, Any]) -> cst.Module:
+        """The rewrite itself; validates ``params`` (raise NotApplicable when illegal)."""
+
+    # ---- public API -----------------------------------------------------------------------
+    def check(self, source: str, task: Any) -> Applicability:
+        try:
+            module = cst.parse_module(source)
+        except cst.ParserSyntaxError as exc:
+            return Applicability(False, f"source does not parse: {_one_line(str(exc))}")
+        try:
+            return self._check(module, task)
+        except NotApplicable as exc:
+            return Applicability(False, str(exc))
+        except Exception as exc:  # noqa: BLE001 - a precondition must not raise
+            return Applicability(False, f"precondition error: {type(exc).__name__}: {exc}")
+
+    def sample_params(self, source: str, task: Any, rng: random.Random) -> dict[str, Any]:
+        """Parameters drawn from ``rng``. Raises ValueError when the operator does not apply."""
+        applicability = self.check(source, task)
+        if not applicability.ok:
+            raise ValueError(f"{self.name} does not apply: {applicability.reason}")
+        return self._sample(cst.parse_module(source), task, rng)
+
+    def apply(self, source: str, task: Any, rng: random.Random) -> MutationResult:
+        """Sample parameters from ``rng``, then rewrite. Never raises."""
+        applicability = self.check(source, task)
+        if not applicability.ok:
+            return MutationResult("not_applicable", source, None, applicability.reason)
+        try:
+            params = self._sample(cst.parse_module(source), task, rng)
+        except NotApplicable as exc:
+            return MutationResult("not_applicable", source, None, str(exc))
+        except Exception as exc:  # noqa: BLE001
+            return MutationResult("failed", source, None,
+                                  f"sampling parameters failed: {type(exc).__name__}: {exc}")
+        return self.apply_params(source, task, params)
+
+    def apply_params(self, source: str, task: Any, params: dict[str, Any]) -> MutationResult:
+        """Rewrite with the given parameters. Never raises."""
+        try:
+            edit = Edit(self.name, params)
+        except (TypeError, ValueError) as exc:
+            return MutationResult("failed", source, None, f"parameters are not JSON-able: {exc}")
+        applicability = self.check(source, task)
+        if not applicability.ok:
+            return MutationResult("not_applicable", source, edit, applicability.reason)
+        try:
+            new_module = self._rewrite(cst.parse_module(source), task, dict(edit.params))
+            new_source = new_module.code
+            compile(new_source, "<mutated kernel>", "exec")
+        except NotApplicable as exc:
+            return MutationResult("not_applicable", source, edit, str(exc))
+        except Exception as exc:  # noqa: BLE001
+            return MutationResult("failed", source, edit,
+                                  f"rewrite failed: {type(exc).__name__}: {_one_line(str(exc))}")
+        if new_source == source:
+            return MutationResult("not_applicable", source, edit, "the rewrite changes nothing")
+        return MutationResult("applied", new_source, edit, "")
+
+    def __repr__(self) -> str:
+        return f"<Operator {self.name}: {self.description}>"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())[:300]

@@ -1,0 +1,295 @@
+"""Small libcst helpers shared by the operators: finding the kernel, its regions, the tunables.
+
+The structure the operators rely on (all present in the seed, and preserved by every operator):
+
+* a module-level wrapper ``flash_attention`` that builds ``functools.partial(<kernel>, ...)`` and
+  calls ``pl.pallas_call`` with ``grid``, ``in_specs``, ``out_specs``, ``scratch_shapes`` and
+  ``compiler_params``;
+* a module-level kernel whose positional parameters are ``q, k, v, o`` refs then the ``m, l,
+  acc`` scratch refs, and whose body is: program ids, ``_init`` (``pl.when``), the per-step
+  compute, ``_store`` (``pl.when``). The compute may have been moved into ``def _step(...)``.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Callable, Iterator
+
+import libcst as cst
+
+from ._base import NotApplicable
+
+WRAPPER_NAME = "flash_attention"
+TUNABLE_PREFIXES = ("BLOCK_", "HEADS_PER_PROGRAM", "VMEM_LIMIT_BYTES")
+
+_EMPTY = cst.Module(body=[])
+
+
+def code(node: cst.CSTNode) -> str:
+    return _EMPTY.code_for_node(node)
+
+
+def norm(node: cst.CSTNode) -> str:
+    """The node's code with all whitespace (and comments-free spacing) removed, for matching."""
+    return "".join(code(node).split())
+
+
+def expr(text: str) -> cst.BaseExpression:
+    return cst.parse_expression(text)
+
+
+def stmts(text: str) -> list[cst.BaseStatement]:
+    return list(cst.parse_module(textwrap.dedent(text)).body)
+
+
+class _Fn(cst.CSTTransformer):
+    def __init__(self, fn: Callable[[cst.CSTNode], cst.CSTNode | None]):
+        super().__init__()
+        self.fn = fn
+
+    def on_leave(self, original_node, updated_node):  # type: ignore[override]
+        result = self.fn(updated_node)
+        return updated_node if result is None else result
+
+
+def transform(node: cst.CSTNode, fn: Callable[[cst.CSTNode], cst.CSTNode | None]):
+    """Bottom-up rewrite: ``fn`` returns a replacement for a node or None to keep it."""
+    return node.visit(_Fn(fn))
+
+
+class _Collect(cst.CSTVisitor):
+    def __init__(self, pred):
+        super().__init__()
+        self.pred = pred
+        self.found: list[cst.CSTNode] = []
+
+    def on_visit(self, node):  # type: ignore[override]
+        if self.pred(node):
+            self.found.append(node)
+        return True
+
+
+def find_all(node: cst.CSTNode, pred: Callable[[cst.CSTNode], bool]) -> list[cst.CSTNode]:
+    visitor = _Collect(pred)
+    node.visit(visitor)
+    return visitor.found
+
+
+def is_call(node: cst.CSTNode, func: str) -> bool:
+    return isinstance(node, cst.Call) and norm(node.func) == func
+
+
+def names_in(node: cst.CSTNode) -> set[str]:
+    return {n.value for n in find_all(node, lambda x: isinstance(x, cst.Name))}  # type: ignore[attr-defined]
+
+
+def assigned_name(stmt: cst.CSTNode) -> tuple[str, cst.BaseExpression] | None:
+    """``NAME = value`` as a simple statement line -> (NAME, value)."""
+    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
+        small = stmt.body[0]
+        if (isinstance(small, cst.Assign) and len(small.targets) == 1
+                and isinstance(small.targets[0].target, cst.Name)):
+            return small.targets[0].target.value, small.value
+    return None
+
+
+# ---- module level ---------------------------------------------------------------------------
+def module_function(module: cst.Module, name: str) -> cst.FunctionDef | None:
+    for stmt in module.body:
+        if isinstance(stmt, cst.FunctionDef) and stmt.name.value == name:
+            return stmt
+    return None
+
+
+def replace_function(module: cst.Module, name: str, new: cst.FunctionDef) -> cst.Module:
+    body = [new if isinstance(s, cst.FunctionDef) and s.name.value == name else s
+            for s in module.body]
+    return module.with_changes(body=body)
+
+
+def wrapper(module: cst.Module) -> cst.FunctionDef:
+    fn = module_function(module, WRAPPER_NAME)
+    if fn is None:
+        raise NotApplicable(f"no module-level function {WRAPPER_NAME!r}")
+    return fn
+
+
+def kernel_name(module: cst.Module) -> str:
+    partials = find_all(wrapper(module), lambda n: is_call(n, "functools.partial"))
+    for call in partials:
+        if call.args and isinstance(call.args[0].value, cst.Name):  # type: ignore[attr-defined]
+            name = call.args[0].value.value  # type: ignore[attr-defined]
+            if module_function(module, name) is not None:
+                return name
+    raise NotApplicable("no functools.partial(<kernel>, ...) of a module-level kernel in the wrapper")
+
+
+def kernel(module: cst.Module) -> cst.FunctionDef:
+    fn = module_function(module, kernel_name(module))
+    assert fn is not None
+    return fn
+
+
+def kernel_refs(fn: cst.FunctionDef) -> tuple[list[str], list[str]]:
+    """(io refs q, k, v, o; scratch refs m, l, acc) by position."""
+    names = [p.name.value for p in fn.params.params]
+    if len(names) < 7:
+        raise NotApplicable(f"kernel {fn.name.value} has {len(names)} positional refs; "
+                            "expected q, k, v, o and m, l, acc scratch")
+    return names[:4], names[4:7]
+
+
+def kernel_kwonly(fn: cst.FunctionDef) -> list[str]:
+    return [p.name.value for p in fn.params.kwonly_params]
+
+
+def pallas_call(module: cst.Module) -> cst.Call:
+    calls = find_all(wrapper(module), lambda n: is_call(n, "pl.pallas_call"))
+    if len(calls) != 1:
+        raise NotApplicable(f"expected one pl.pallas_call in the wrapper, found {len(calls)}")
+    return calls[0]  # type: ignore[return-value]
+
+
+def call_kwarg(call: cst.Call, name: str) -> cst.BaseExpression | None:
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == name:
+            return arg.value
+    return None
+
+
+def scratch_vmem_calls(module: cst.Module) -> list[cst.Call]:
+    shapes = call_kwarg(pallas_call(module), "scratch_shapes")
+    if not isinstance(shapes, (cst.List, cst.Tuple)):
+        raise NotApplicable("pallas_call has no literal scratch_shapes list")
+    calls = [e.value for e in shapes.elements]
+    if len(calls) < 3 or not all(is_call(c, "pltpu.VMEM") and c.args
+                                 and isinstance(c.args[0].value, cst.Tuple) for c in calls):
+        raise NotApplicable("scratch_shapes is not a list of pltpu.VMEM((...), dtype)")
+    return calls  # type: ignore[return-value]
+
+
+def stats_compact(module: cst.Module) -> bool:
+    """True when the m / l scratch have a last dimension of 1."""
+    calls = scratch_vmem_calls(module)
+    last = [c.args[0].value.elements[-1].value for c in calls[:2]]  # type: ignore[attr-defined]
+    return all(isinstance(x, cst.Integer) and x.evaluated_value == 1 for x in last)
+
+
+# ---- the kernel's regions -------------------------------------------------------------------
+def _is_when_def(stmt: cst.CSTNode, name: str) -> bool:
+    return (isinstance(stmt, cst.FunctionDef) and stmt.name.value == name
+            and any(is_call(d.decorator, "pl.when") for d in stmt.decorators))
+
+
+def top_function(fn: cst.FunctionDef, name: str) -> cst.FunctionDef | None:
+    for stmt in fn.body.body:
+        if isinstance(stmt, cst.FunctionDef) and stmt.name.value == name:
+            return stmt
+    return None
+
+
+def compute_span(fn: cst.FunctionDef) -> tuple[int, int]:
+    """Indices [start, stop) of the top-level compute statements between _init and _store."""
+    body = list(fn.body.body)
+    init = [i for i, s in enumerate(body) if _is_when_def(s, "_init")]
+    store = [i for i, s in enumerate(body) if _is_when_def(s, "_store")]
+    if len(init) != 1 or len(store) != 1 or not init[0] < store[0]:
+        raise NotApplicable("kernel body is not 'ids, @pl.when _init, compute, @pl.when _store'")
+    return init[0] + 1, store[0]
+
+
+def compute_statements(fn: cst.FunctionDef) -> list[cst.BaseStatement]:
+    """The per-step compute: the body of ``_step`` if present, else the top-level span."""
+    step = top_function(fn, "_step")
+    if step is not None:
+        return list(step.body.body)
+    start, stop = compute_span(fn)
+    return list(fn.body.body)[start:stop]
+
+
+def replace_compute(fn: cst.FunctionDef,
+                    rewrite: Callable[[list[cst.BaseStatement]], list[cst.BaseStatement]]):
+    step = top_function(fn, "_step")
+    body = list(fn.body.body)
+    if step is not None:
+        new_step = step.with_changes(body=step.body.with_changes(body=rewrite(list(step.body.body))))
+        body = [new_step if s is step else s for s in body]
+    else:
+        start, stop = compute_span(fn)
+        body = body[:start] + rewrite(body[start:stop]) + body[stop:]
+    return fn.with_changes(body=fn.body.with_changes(body=body))
+
+
+def store_function(fn: cst.FunctionDef) -> cst.FunctionDef:
+    for stmt in fn.body.body:
+        if _is_when_def(stmt, "_store"):
+            return stmt  # type: ignore[return-value]
+    raise NotApplicable("kernel has no @pl.when _store")
+
+
+def replace_top(fn: cst.FunctionDef, old: cst.CSTNode, new: cst.BaseStatement | list):
+    out: list = []
+    for stmt in fn.body.body:
+        if stmt is old:
+            out.extend(new if isinstance(new, list) else [new])
+        else:
+            out.append(stmt)
+    return fn.with_changes(body=fn.body.with_changes(body=out))
+
+
+def program_id_names(fn: cst.FunctionDef) -> dict[int, str]:
+    out: dict[int, str] = {}
+    for stmt in fn.body.body:
+        pair = assigned_name(stmt)
+        if pair and is_call(pair[1], "pl.program_id") and pair[1].args:  # type: ignore[attr-defined]
+            axis = pair[1].args[0].value  # type: ignore[attr-defined]
+            if isinstance(axis, cst.Integer):
+                out[axis.evaluated_value] = pair[0]
+    return out
+
+
+def with_block(stmt_text: str, body: list[cst.BaseStatement]) -> cst.BaseCompoundStatement:
+    """Parse a compound statement header (with a ``pass`` body) and give it ``body``."""
+    node = cst.parse_statement(textwrap.dedent(stmt_text))
+    assert isinstance(node, cst.BaseCompoundStatement)
+    return node.with_changes(body=node.body.with_changes(body=body))
+
+
+def add_kwonly_param(fn: cst.FunctionDef, name: str) -> cst.FunctionDef:
+    if name in kernel_kwonly(fn):
+        return fn
+    params = fn.params
+    new = list(params.kwonly_params) + [cst.Param(cst.Name(name))]
+    star = params.star_arg if not isinstance(params.star_arg, cst.MaybeSentinel) else cst.ParamStar()
+    # Keep the trailing formatting of the last existing parameter for the new one.
+    if params.kwonly_params:
+        last = params.kwonly_params[-1]
+        new[-2] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        new[-1] = new[-1].with_changes(comma=last.comma)
+    return fn.with_changes(params=params.with_changes(kwonly_params=new, star_arg=star))
+
+
+def add_call_kwarg(call: cst.Call, name: str, value: str) -> cst.Call:
+    args = list(call.args)
+    if any(a.keyword is not None and a.keyword.value == name for a in args):
+        return call
+    new_arg = cst.Arg(value=expr(value), keyword=cst.Name(name),
+                      equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
+                                            whitespace_after=cst.SimpleWhitespace("")))
+    if args:
+        # Put the new argument on its own line when the call is already laid out over lines.
+        gap: cst.BaseParenthesizableWhitespace = cst.SimpleWhitespace(" ")
+        if isinstance(call.whitespace_before_args, cst.ParenthesizedWhitespace):
+            gap = call.whitespace_before_args
+        for arg in args[:-1]:
+            if isinstance(arg.comma, cst.Comma) and isinstance(arg.comma.whitespace_after,
+                                                               cst.ParenthesizedWhitespace):
+                gap = arg.comma.whitespace_after
+        last = args[-1]
+        args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=gap))
+        new_arg = new_arg.with_changes(comma=last.comma)
+    return call.with_changes(args=args + [new_arg])
+
+
+def iter_calls(node: cst.CSTNode, func: str) -> Iterator[cst.Call]:
+    yield from find_all(node, lambda n: is_call(n, func))  # type: ignore[misc]

@@ -1,0 +1,34 @@
+"""Replay an edit history onto a seed: what crossover recombines."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from ._base import Edit, MutationResult
+
+
+def replay(seed_source: str, edits: Iterable[Edit | dict[str, Any]], task: Any) -> MutationResult:
+    """Apply ``edits`` in order to ``seed_source``. Never raises.
+
+    Returns the first edit that does not apply (status ``not_applicable`` or ``failed``, with the
+    source as it was before that edit and a reason naming the step), or ``applied`` with the final
+    source and the last edit (``edit`` is None for an empty history).
+    """
+    from .registry import get_operator
+
+    source = seed_source
+    last: Edit | None = None
+    count = 0
+    for step, item in enumerate(edits):
+        try:
+            edit = item if isinstance(item, Edit) else Edit.from_dict(item)
+            op = get_operator(edit.op)
+        except (KeyError, TypeError, ValueError) as exc:
+            return MutationResult("failed", source, None, f"edit {step}: {exc}")
+        result = op.apply_params(source, task, dict(edit.params))
+        if result.status != "applied":
+            return MutationResult(result.status, source, edit,
+                                  f"edit {step} ({edit.op} {edit.params}): {result.reason}")
+        source, last, count = result.source, edit, count + 1
+    return MutationResult("applied", source, last, f"replayed {count} edit(s)")

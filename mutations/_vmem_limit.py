@@ -1,0 +1,50 @@
+"""VMEM limit: raise or lower the kernel's scoped VMEM limit through CompilerParams."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import libcst as cst
+
+from . import _cst as C
+from ._base import APPLICABLE, Applicability, NotApplicable, Operator
+from ._tunables import module_ints, set_tunable
+
+MIB = 1024 * 1024
+# v5e: 128 MiB physical VMEM, 16 MiB default scoped limit (32 MiB on v6e). Leave headroom.
+LIMITS_MIB = (16, 24, 32, 48, 64, 96)
+
+
+class VmemLimit(Operator):
+    name = "vmem_limit"
+    description = ("Set the kernel's scoped VMEM limit (VMEM_LIMIT_BYTES passed as "
+                   "pltpu.CompilerParams(vmem_limit_bytes=...)) to another value in 16..96 MiB.")
+
+    def _current_mib(self, module) -> float | None:
+        value = module_ints(module).get("VMEM_LIMIT_BYTES")
+        return None if value is None else value / MIB
+
+    def _check(self, module, task) -> Applicability:
+        calls = list(C.iter_calls(C.pallas_call(module), "pltpu.CompilerParams"))
+        if len(calls) != 1:
+            return Applicability(False, "pallas_call has no pltpu.CompilerParams(...) to set the limit on")
+        existing = C.call_kwarg(calls[0], "vmem_limit_bytes")
+        if existing is not None and C.norm(existing) != "VMEM_LIMIT_BYTES":
+            return Applicability(False, "vmem_limit_bytes is set to an expression other than "
+                                        "VMEM_LIMIT_BYTES")
+        return APPLICABLE
+
+    def _sample(self, module, task, rng: random.Random) -> dict[str, Any]:
+        current = self._current_mib(module)
+        return {"mib": rng.choice([m for m in LIMITS_MIB if m != current])}
+
+    def _rewrite(self, module, task, params) -> cst.Module:
+        mib = params.get("mib")
+        if mib not in LIMITS_MIB:
+            raise NotApplicable(f"mib={mib!r} is not one of {LIMITS_MIB}")
+        module = set_tunable(module, "VMEM_LIMIT_BYTES", f"{mib} * 1024 * 1024",
+                             comment="scoped VMEM limit (v5e default 16 MiB, physical 128 MiB)")
+        call = next(C.iter_calls(C.pallas_call(module), "pltpu.CompilerParams"))
+        new_call = C.add_call_kwarg(call, "vmem_limit_bytes", "VMEM_LIMIT_BYTES")
+        return module.deep_replace(call, new_call)  # type: ignore[return-value]

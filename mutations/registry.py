@@ -1,0 +1,42 @@
+"""The registry of mutation operators, by name."""
+
+from __future__ import annotations
+
+from ._base import Operator
+from ._block_sizes import BlockSizes
+from ._causal_skip import CausalSkip
+from ._compact_scratch import CompactScratch
+from ._deferred_norm import DeferredNormalisation
+from ._head_coarsening import HeadCoarsening
+from ._vmem_limit import VmemLimit
+
+_OPERATORS: dict[str, Operator] = {
+    op.name: op
+    for op in (BlockSizes(), CompactScratch(), DeferredNormalisation(), CausalSkip(),
+               HeadCoarsening(), VmemLimit())
+}
+
+
+def all_operators() -> list[Operator]:
+    """Every registered operator, in a stable order."""
+    return list(_OPERATORS.values())
+
+
+def operator_names() -> list[str]:
+    return list(_OPERATORS)
+
+
+def get_operator(name: str) -> Operator:
+    """The operator called ``name``; KeyError listing the known names otherwise."""
+    try:
+        return _OPERATORS[name]
+    except KeyError:
+        raise KeyError(f"unknown operator {name!r}; known operators: {', '.join(_OPERATORS)}") from None
+
+
+def register(op: Operator) -> Operator:
+    """Add an operator (e.g. an experimental one) to the registry; returns it."""
+    if op.name in _OPERATORS:
+        raise ValueError(f"an operator named {op.name!r} is already registered")
+    _OPERATORS[op.name] = op
+    return op
