@@ -39,21 +39,27 @@ print("COMPILED")
 
 
 def compile_cycles(source: str, causal: bool, shape=(1, 8, 2048, 128)) -> tuple[int | None, str]:
-    """(estimated cycles or None, error tail) for one kernel source."""
+    """(estimated cycles, 0 if compiled without an estimate, None if it failed; error tail)."""
     with tempfile.TemporaryDirectory(prefix="llo_") as tmp:
         path = Path(tmp) / "cand.py"
         path.write_text(source)
         dump = Path(tmp) / "dump"
         env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO), ALLOW_MULTIPLE_LIBTPU_LOAD="1",
+                   TPU_ACCELERATOR_TYPE="v5litepod-4", TPU_WORKER_HOSTNAMES="localhost",
                    LIBTPU_INIT_ARGS=f"--xla_jf_dump_static_llo_profile_to={dump}")
         proc = subprocess.run([sys.executable, "-c", _WORKER, str(path), "1" if causal else "0",
-                               *map(str, shape)], env=env, capture_output=True, text=True, timeout=600)
+                               *map(str, shape)], check=False, env=env, capture_output=True, text=True, timeout=600)
         if "COMPILED" not in proc.stdout:
-            return None, (proc.stderr.strip().splitlines() or ["?"])[-1][:300]
+            errors = [x for x in proc.stderr.splitlines() if "Error" in x or "error" in x]
+            return None, (errors or proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1][:300]
         cycles = []
         for f in glob.glob(str(dump / "*_static_llo_profile.textproto")):
             cycles += [int(x) for x in re.findall(r"estimated_cycles:\s*(\d+)", Path(f).read_text())]
-        return (max(cycles) if cycles else None), ""
+        if not cycles or max(cycles) == 0:
+            # Compiled, but the static estimator gave no figure (seen for multi-head blocks,
+            # whose DMAs it classifies as REMOTE): the judge cannot time these off-TPU.
+            return 0, "compiled; estimator reports 0 cycles"
+        return max(cycles), ""
 
 
 def candidates(causal: bool) -> dict[str, str]:
@@ -90,15 +96,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--only", nargs="*", help="names of candidates to compile (default: all)")
     args = parser.parse_args()
     cands = candidates(args.causal)
+    if args.only:
+        cands = {k: v for k, v in cands.items() if k == "seed" or any(o in k for o in args.only)}
     with ThreadPoolExecutor(args.jobs) as pool:
         results = dict(zip(cands, pool.map(lambda s: compile_cycles(s, args.causal), cands.values())))
     seed_cycles = results["seed"][0]
     for name, (cycles, err) in results.items():
         ratio = f"{cycles / seed_cycles:6.3f}x seed" if cycles and seed_cycles else ""
-        print(f"{name:36s} {cycles if cycles else 'FAILED':>10} {ratio} {err}")
-    return 0 if all(c for c, _ in results.values()) else 1
+        print(f"{name:36s} {'FAILED' if cycles is None else cycles:>10} {ratio} {err}")
+    return 0 if all(c is not None for c, _ in results.values()) else 1
 
 
 if __name__ == "__main__":
