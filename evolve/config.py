@@ -14,8 +14,8 @@ SEEDS = ("flash_attention",)
 
 @dataclasses.dataclass(frozen=True)
 class SearchConfig:
-    population: int = 6
-    generations: int = 3
+    population: int = 8
+    generations: int = 4
     tournament_size: int = 2
     crossover_prob: float = 0.3
     hall_of_fame: int = 2           # elites carried into every generation: the ratchet

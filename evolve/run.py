@@ -193,7 +193,8 @@ class EvolutionRun:
 
         edits = json.loads(row["edits"]) if isinstance(row["edits"], str) else list(row["edits"] or [])
         params = json.loads(row["params"]) if isinstance(row["params"], str) else (row["params"] or {})
-        return Individual(row["source"], edits=edits, parent_ids=tuple(row["parent_ids"] or ()),
+        parents = row["parent_ids"]
+        return Individual(row["source"], edits=edits, parent_ids=tuple(parents) if parents is not None else (),
                           operator=row["operator"] or "seed", params=params,
                           generation=int(row["generation"]))
 

@@ -1,0 +1,200 @@
+"""Evolution runs end to end on a tiny task: archive, MLflow lineage, determinism, resume, promote."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = ["--shape", "B=1,H=2,N=256,D=128", "--population", "4", "--generations", "2", "--rng-seed", "7"]
+
+
+def evolve(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", DO_NOT_TRACK="1")
+    return subprocess.run([sys.executable, "-m", "evolve", *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=timeout, env=env)
+
+
+def run_id_of(data_dir: Path) -> str:
+    runs = sorted(p.stem for p in (data_dir / "runs").glob("*.json"))
+    assert len(runs) == 1
+    return runs[0]
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    data = tmp_path_factory.mktemp("run") / "data"
+    r = evolve("run", *SMALL, "--data-dir", str(data))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return data, run_id_of(data), r
+
+
+def lineage_signature(data: Path, run_id: str):
+    from archive import Archive
+
+    df = Archive(data).evaluations(run_id)
+    return [(r.generation, r.individual_id, tuple(r.parent_ids), r.operator, r.status)
+            for r in df.sort_values(["generation", "individual_id"]).itertuples()]
+
+
+def test_a_small_run_archives_every_evaluation_and_reports_the_champion(small_run):
+    from archive import Archive
+
+    data, run_id, r = small_run
+    df = Archive(data).evaluations(run_id)
+    assert len(df) >= 3 and df["individual_id"].is_unique        # nothing judged twice
+    assert set(df["generation"]) == {0, 1, 2}
+    assert (df["status"] == "PASS").any()
+    assert df["timing_source"].dropna().eq("compiler_estimate").all()
+    assert list((data / "archive").rglob("*.parquet"))
+    assert "champion" in r.stdout and "compiler_estimate" in r.stdout
+    seed = df[df["operator"] == "seed"]
+    assert len(seed) == 1 and list(seed["parent_ids"].iloc[0]) == []
+
+
+def test_mlflow_child_runs_form_a_connected_lineage_back_to_the_seed(small_run):
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    data, run_id, _ = small_run
+    client = MlflowClient(tracking_uri=f"sqlite:///{data / 'mlflow.db'}")
+    experiments = client.search_experiments()
+    runs = client.search_runs([e.experiment_id for e in experiments], max_results=1000)
+    children = {r.data.tags["individual_id"]: r for r in runs if "individual_id" in r.data.tags}
+    parents = [r for r in runs if r.data.tags.get("mlflow.runName") == run_id]
+    assert len(parents) == 1
+    assert "best_speedup" in parents[0].data.metrics
+    by_run_id = {r.info.run_id: ind for ind, r in children.items()}
+    seed_ids = [i for i, r in children.items() if not r.data.tags.get("parent_ids")]
+    assert len(seed_ids) == 1
+    for ind, run in children.items():                     # every individual reaches the seed
+        seen = set()
+        while run.data.tags.get("parent_run_ids"):
+            assert ind not in seen
+            seen.add(ind)
+            ind = by_run_id[run.data.tags["parent_run_ids"].split(",")[0]]
+            run = children[ind]
+        assert ind == seed_ids[0]
+    assert mlflow.__version__
+
+
+def test_the_same_seed_gives_the_same_lineage(small_run, tmp_path):
+    data, run_id, _ = small_run
+    other = tmp_path / "again"
+    r = evolve("run", *SMALL, "--data-dir", str(other))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert lineage_signature(data, run_id) == lineage_signature(other, run_id_of(other))
+
+
+def test_kill_9_mid_generation_then_resume_loses_nothing_and_rejudges_nothing(tmp_path):
+    from archive import Archive
+
+    data = tmp_path / "data"
+    env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", DO_NOT_TRACK="1")
+    proc = subprocess.Popen([sys.executable, "-m", "evolve", "run", *SMALL, "--data-dir", str(data)],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.monotonic() + 300
+    rows_before = None
+    while time.monotonic() < deadline:
+        files = list((data / "archive").rglob("batch-g000001-*.parquet")) if data.exists() else []
+        if files:                                       # generation 1 has started being judged
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            rows_before = Archive(data).evaluations()
+            break
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    assert rows_before is not None, "the run ended before generation 1 began"
+    run_id = run_id_of(data)
+    r = evolve("resume", run_id, "--data-dir", str(data))
+    assert r.returncode == 0, r.stderr[-2000:]
+    after = Archive(data).evaluations(run_id)
+    assert set(rows_before["individual_id"]) <= set(after["individual_id"])     # nothing lost
+    assert after["individual_id"].is_unique                                       # nothing re-judged
+    assert set(after["generation"]) == {0, 1, 2}
+    assert Archive(data).read_run_meta(run_id)["status"] == "finished"
+
+
+def test_promote_round_trips_through_the_model_registry(small_run, tmp_path):
+    import mlflow
+    import numpy as np
+
+    data, run_id, _ = small_run
+    out = tmp_path / "champion.py"
+    r = evolve("promote", run_id, "--to", str(out), "--name", "fa_test", "--data-dir", str(data))
+    assert r.returncode == 0, r.stderr[-2000:]
+    text = out.read_text()
+    assert f"run: {run_id}" in text and "compiler_estimate" in text and "libtpu" in text
+    mlflow.set_tracking_uri(f"sqlite:///{data / 'mlflow.db'}")
+    model = mlflow.pyfunc.load_model("models:/fa_test@champion")
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 1, 256, 128)).astype(np.float32) for _ in range(3))
+    got = np.asarray(model.predict({"q": q, "k": k, "v": v, "causal": True, "sm_scale": 128 ** -0.5}),
+                     dtype=np.float32)
+    s = np.einsum("bhqd,bhkd->bhqk", q, k) * 128 ** -0.5
+    s = np.where(np.tril(np.ones((256, 256), bool)), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    want = np.einsum("bhqk,bhkd->bhqd", p / p.sum(-1, keepdims=True), v)
+    assert np.abs(got - want).max() < 2e-2
+
+
+def test_status_and_lineage_read_the_run(small_run, tmp_path):
+    data, run_id, _ = small_run
+    r = evolve("status", "--data-dir", str(data))
+    assert r.returncode == 0 and run_id in r.stdout
+    r = evolve("status", run_id, "--data-dir", str(data))
+    assert r.returncode == 0 and "best_speedup" in r.stdout
+    from archive import Archive
+
+    meta = Archive(data).read_run_meta(run_id)
+    svg = tmp_path / "l.svg"
+    r = evolve("lineage", meta["champion_id"], "--out", str(svg), "--data-dir", str(data))
+    assert r.returncode == 0, r.stderr
+    assert "seed" in r.stdout and svg.read_text().startswith("<svg")
+
+
+def _digest(directory: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(directory.rglob("*")):
+        if p.is_file():
+            h.update(str(p).encode() + p.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["run", "--seed", "matmul"], "unknown seed"),
+    (["run", "--population", "-3"], "population must be at least 2"),
+    (["run", "--chip", "v9"], "unknown chip"),
+    (["run", "--shape", "N=abc"], "not an integer"),
+    (["run", "--config", "/no/such.toml"], "no config file"),
+    (["resume", "no-such-run"], "no run 'no-such-run'"),
+    (["promote", "no-such-run"], "no run 'no-such-run'"),
+    (["sync", "no-such-run"], "no run 'no-such-run'"),
+    (["lineage", "0123456789abcdef"], "no individual"),
+])
+def test_bad_input_gets_one_line_exit_2_and_touches_nothing(small_run, args, fragment):
+    data, _, _ = small_run
+    before = _digest(data)
+    r = evolve(*args, "--data-dir", str(data))
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0], r.stderr
+    assert _digest(data) == before
+
+
+def test_an_unreadable_or_missing_data_directory_is_refused(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("not a directory")
+    r = evolve("status", "--data-dir", str(f))
+    assert r.returncode == 2 and "is a file" in r.stderr and f.read_text() == "not a directory"
+    r = evolve("status", "--data-dir", str(tmp_path / "missing"))
+    assert r.returncode == 2 and "no data directory" in r.stderr
