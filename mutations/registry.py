@@ -7,13 +7,14 @@ from ._block_sizes import BlockSizes
 from ._causal_skip import CausalSkip
 from ._compact_scratch import CompactScratch
 from ._deferred_norm import DeferredNormalisation
+from ._exp2_softmax import Exp2Softmax
 from ._head_coarsening import HeadCoarsening
 from ._vmem_limit import VmemLimit
 
 _OPERATORS: dict[str, Operator] = {
     op.name: op
     for op in (BlockSizes(), CompactScratch(), DeferredNormalisation(), CausalSkip(),
-               HeadCoarsening(), VmemLimit())
+               HeadCoarsening(), VmemLimit(), Exp2Softmax())
 }
 
 

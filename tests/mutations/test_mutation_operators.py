@@ -188,8 +188,24 @@ def test_head_coarsening_checks_the_task_heads():
         assert result.edit.params["heads_per_program"] in (2, 3, 6)
 
 
+# ---- exp2 softmax ---------------------------------------------------------------------------
+def test_exp2_softmax_before_after():
+    after = apply("exp2_softmax")
+    assert "s = s * (sm_scale * 1.4426950408889634)\n" in after
+    assert "alpha = jnp.exp2(m_prev - m_next)" in after and "p = jnp.exp2(s - m_next[:, :1])" in after
+    assert "jnp.exp(" not in after
+    assert "exp2" in not_applicable("exp2_softmax", after)
+    # composes with deferred normalisation (which finds alpha through exp2)
+    assert "acc_scratch[...] * alpha[:, :1] + pv" in apply("deferred_norm", after)
+
+
+def test_exp2_softmax_needs_the_scaling():
+    assert "sm_scale" in not_applicable("exp2_softmax", MINI.replace("    s = s * sm_scale\n", ""))
+
+
 # ---- all operators --------------------------------------------------------------------------
-OPS = ["block_sizes", "compact_scratch", "deferred_norm", "causal_skip", "head_coarsening", "vmem_limit"]
+OPS = ["block_sizes", "compact_scratch", "deferred_norm", "causal_skip", "head_coarsening", "vmem_limit",
+       "exp2_softmax"]
 
 
 @pytest.mark.parametrize("name", OPS)
