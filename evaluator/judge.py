@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -88,7 +88,7 @@ class EvalResult:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "EvalResult":
+    def from_dict(cls, data: dict[str, Any]) -> EvalResult:
         fields_m = {f.name for f in dataclasses.fields(Metrics)}
         fields_p = {f.name for f in dataclasses.fields(Provenance)}
         m = {k: data.get(k) for k in fields_m if k in data}

@@ -130,7 +130,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         passed=("status", lambda s: int((s == "PASS").sum())),
         best_speedup=("speedup_vs_reference", "max"),
         median_speedup=("speedup_vs_reference", "median"))
-    print(f"run {args.run} (timing source: {df['timing_source'].dropna().iloc[0] if df['timing_source'].notna().any() else '-'})")
+    sources = ", ".join(sorted(df["timing_source"].dropna().unique())) or "-"
+    print(f"run {args.run} (timing source: {sources})")
     print(table.to_string())
     return 0
 

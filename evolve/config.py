@@ -80,7 +80,7 @@ class RunConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "RunConfig":
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
         parts = {}
         for name, kind in (("search", SearchConfig), ("task", TaskConfig), ("judge", JudgeSettings)):
             section = data.get(name, {}) or {}

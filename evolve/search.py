@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import random
-from typing import Callable
+from collections.abc import Callable
 
 from deap import base, tools
 
@@ -53,7 +53,7 @@ class Search:
     (setting ``.result`` and ``.fitness``) and is the single place parallelism plugs in."""
 
     def __init__(self, config: RunConfig, seed_source: str, task, evaluate_all: Callable,
-                 on_generation: Callable[[int, list[Individual], "Search"], None]):
+                 on_generation: Callable[[int, list[Individual], Search], None]):
         self.config = config
         self.seed_source = seed_source
         self.task = task
