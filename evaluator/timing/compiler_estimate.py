@@ -19,17 +19,31 @@ _CYCLES_RE = re.compile(r"estimated_cycles:\s*(\d+)")
 DUMP_FLAG = "--xla_jf_dump_static_llo_profile_to"
 
 
-def read_cycles(dump_dir: Path) -> int | None:
+_OP_RE = re.compile(r'hlo_op_name:\s*"([^"]*)"')
+_DMA_RE = re.compile(r"dma_instruction_type:\s*(\w+)")
+
+
+def read_cycles(dump_dir: Path) -> tuple[int | None, str]:
+    """The program's estimated cycles, or None and why there is no trustworthy figure."""
     files = sorted(dump_dir.glob("*static_llo_profile*.textproto")) if dump_dir.is_dir() else []
     if not files:
-        return None
+        return None, ("the TPU compiler wrote no static LLO profile: this libtpu does not support "
+                      f"{DUMP_FLAG}; use libtpu 0.0.42.1 (pinned) or time on a TPU host")
     total = 0
     for path in files:
+        text = path.read_text(errors="replace")
         # Only the first estimate per file: the op's own total (nested entries would double-count).
-        match = _CYCLES_RE.search(path.read_text(errors="replace"))
-        if match:
-            total += int(match.group(1))
-    return total
+        match = _CYCLES_RE.search(text)
+        cycles = int(match.group(1)) if match else 0
+        if cycles == 0:
+            op = _OP_RE.search(text)
+            dma = _DMA_RE.search(text)
+            return None, (f"the TPU compiler's static profile has no estimate (0 cycles) for op "
+                          f"'{op.group(1) if op else path.name}'"
+                          + (f" ({dma.group(1)})" if dma else "")
+                          + "; this kernel can only be timed on a TPU host")
+        total += cycles
+    return total, ""
 
 
 class CompilerEstimate(TimingSource):
@@ -40,9 +54,7 @@ class CompilerEstimate(TimingSource):
         return {"LIBTPU_INIT_ARGS": f"{DUMP_FLAG}={scratch / 'llo'}"}
 
     def read(self, scratch: Path, stage_data: dict[str, dict], chip: Chip) -> Timing:
-        cycles = read_cycles(scratch / "llo")
-        if not cycles:
-            return Timing(None, error=(
-                "the TPU compiler wrote no static LLO profile: this libtpu does not support "
-                f"{DUMP_FLAG}; use libtpu 0.0.42.1 (pinned) or time on a TPU host"))
+        cycles, why = read_cycles(scratch / "llo")
+        if cycles is None:
+            return Timing(None, error=why)
         return Timing(cycles / chip.clock_hz, cycles=cycles)
