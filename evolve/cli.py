@@ -9,7 +9,7 @@ import sys
 from evolve.errors import UsageError
 
 # Modules that contribute subcommands through add_commands(subparsers).
-COMMAND_MODULES = ("evolve.cli_eval", "evolve.cli_mutations", "evolve.cli_run")
+COMMAND_MODULES = ("evolve.cli_eval", "evolve.cli_mutations", "evolve.cli_run", "evolve.cli_ablate")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,18 +1,34 @@
-"""Property: random sequences of applicable operators keep the seed correct (TPU interpret mode)."""
+"""Property: random sequences of applicable operators keep the seed correct — as the judge sees it
+(interpret mode on the CPU, the parent's comparison, the real compiler for lowering)."""
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
 
+from evaluator.judge import Judge, JudgeConfig
+from evaluator.result import Status
 from mutations import Edit, all_operators, replay
 from seeds.flash_attention.task import AttentionTask
 
-from .kernel_check import check_correct, seed_source
+from .kernel_check import seed_source
 
 SMALL = {causal: AttentionTask(batch=1, heads=2, seq_len=256, head_dim=128, causal=causal)
          for causal in (True, False)}
+
+
+@pytest.fixture(scope="module")
+def judge(tmp_path_factory) -> Judge:
+    return Judge(JudgeConfig(cache_dir=str(tmp_path_factory.mktemp("cache")),
+                             workers=min(2, os.cpu_count() or 1)))
+
+
+def correct(result) -> bool:
+    """Correctness passed: PASS, or no timing figure for a kernel that was already proven right."""
+    return result.status is Status.PASS or (result.status is Status.FAIL_TIMING
+                                            and result.stage == "performance")
 
 
 def random_sequence(task, rng: random.Random, length: int):
@@ -30,30 +46,33 @@ def random_sequence(task, rng: random.Random, length: int):
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-@pytest.mark.parametrize("rng_seed", [0, 1, 2, 3, 4])
-def test_random_sequences_stay_correct(rng_seed, causal):
+def test_random_sequences_of_up_to_three_operators_stay_correct(judge, causal):
     task = SMALL[causal]
-    rng = random.Random(1000 * rng_seed + causal)
-    source, edits = random_sequence(task, rng, length=1 + rng_seed % 3)
-    assert edits
-    error = check_correct(source, task)
-    assert error is None, f"{[e.to_dict() for e in edits]}: {error}"
-    assert replay(seed_source(), edits, task).source == source
+    cases = []
+    for rng_seed in range(6):
+        rng = random.Random(1000 * rng_seed + causal)
+        source, edits = random_sequence(task, rng, length=1 + rng_seed % 3)
+        assert edits
+        assert replay(seed_source(), edits, task).source == source
+        cases.append((source, edits))
+    results = judge.evaluate_many([s for s, _ in cases], task)
+    for (_, edits), result in zip(cases, results):
+        assert correct(result), f"{[e.to_dict() for e in edits]}: {result.status.value} {result.error}"
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-def test_all_operators_composed_stay_correct(causal):
-    # Unequal blocks (BQ=128 < BKV=256 and BQ=256 > BKV=128 via rows) and 2 heads per program.
+def test_all_operators_composed_stay_correct_in_both_block_orders(judge, causal):
+    # Unequal blocks both ways (BQ < BKV, then BQ > BKV) and 2 heads per program.
     task = AttentionTask(batch=1, heads=4, seq_len=512, head_dim=128, causal=causal)
     edits = [Edit("head_coarsening", {"heads_per_program": 2}), Edit("compact_scratch"),
              Edit("block_sizes", {"tunable": "BLOCK_KV", "value": 256}), Edit("deferred_norm"),
-             Edit("vmem_limit", {"mib": 64})]
+             Edit("vmem_limit", {"mib": 64}), Edit("exp2_softmax")]
     if causal:
         edits.insert(2, Edit("causal_skip"))
     result = replay(seed_source(), edits, task)
     assert result.status == "applied", result.reason
-    assert check_correct(result.source, task, seeds=(("outliers", 2),)) is None
     swapped = replay(result.source, [Edit("block_sizes", {"tunable": "BLOCK_KV", "value": 128}),
                                      Edit("block_sizes", {"tunable": "BLOCK_Q", "value": 256})], task)
     assert swapped.status == "applied", swapped.reason
-    assert check_correct(swapped.source, task, seeds=(("normal", 1),)) is None
+    for r in judge.evaluate_many([result.source, swapped.source], task):
+        assert correct(r), (r.status, r.error)

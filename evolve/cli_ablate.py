@@ -1,0 +1,32 @@
+"""`evolve ablate`: the one-step ablation table of the mutation operators on a task."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from evolve.cli_eval import add_task_arguments, task_from_args
+from evolve.errors import UsageError
+
+
+def cmd_ablate(args: argparse.Namespace) -> int:
+    from evaluator.judge import Judge, JudgeConfig
+    from evolve.ablation import format_ablation, run_ablation
+
+    task = task_from_args(args)
+    seed = Path(__file__).resolve().parent.parent / "seeds" / "flash_attention" / "kernel.py"
+    try:
+        judge = Judge(JudgeConfig(chip=args.chip, workers=args.workers or JudgeConfig().workers))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    rows = run_ablation(judge, seed.read_text(), task, include_jax=not args.no_jax)
+    print(format_ablation(rows, task, judge))
+    return 0
+
+
+def add_commands(subparsers) -> None:
+    p = subparsers.add_parser("ablate", help="the seed, each operator alone, all together, and JAX's kernel")
+    add_task_arguments(p)
+    p.add_argument("--workers", type=int, default=0, help="parallel judges (default: one per core)")
+    p.add_argument("--no-jax", action="store_true", help="leave JAX's own flash attention out")
+    p.set_defaults(func=cmd_ablate)
