@@ -24,6 +24,37 @@ from typing import Any
 
 PROTOCOL_FD_ENV = "PALLAS_EVOLVE_PROTOCOL_FD"
 _MAX_PROTOCOL_BYTES = 4 << 20
+_PR_SET_PDEATHSIG = 1
+
+# Children alive right now, so that SIGTERM / Ctrl-C on the parent can take them all down.
+_LIVE: set[int] = set()
+_LIVE_LOCK = threading.Lock()
+_SHUTTING_DOWN = threading.Event()
+
+
+class Interrupted(BaseException):
+    """The orchestrator is shutting down: no verdict, nothing to archive. A BaseException so that
+    the judge's never-raise net (``except Exception``) lets it through."""
+
+
+def kill_all_children() -> None:
+    """Kill every sandboxed child of this process (and their descendants) and start no more.
+    Called from the orchestrator's SIGTERM / SIGINT handler."""
+    _SHUTTING_DOWN.set()
+    with _LIVE_LOCK:
+        pids = list(_LIVE)
+    for pid in pids:
+        kill_tree(pid)
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this process when the thread that started it dies (even by kill -9)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +95,7 @@ def _set_limits(limits: Limits) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+    _die_with_parent()
 
 
 def _descendants(root: int) -> set[int]:
@@ -174,6 +206,8 @@ def run_child(argv: list[str], *, cwd: str, env: dict[str, str], budgets: dict[s
     The child announces a stage with a protocol line ``{"event": "stage", "stage": NAME}``;
     time before its first announcement counts against ``default_budget``.
     """
+    if _SHUTTING_DOWN.is_set():
+        raise Interrupted("shutting down")
     read_fd, write_fd = os.pipe()
     child_env = dict(env, **{PROTOCOL_FD_ENV: str(write_fd)})
     start = time.monotonic()
@@ -184,6 +218,8 @@ def run_child(argv: list[str], *, cwd: str, env: dict[str, str], budgets: dict[s
             preexec_fn=lambda: _set_limits(limits), close_fds=True)
     finally:
         os.close(write_fd)
+    with _LIVE_LOCK:
+        _LIVE.add(proc.pid)
     output = _BoundedReader(proc.stdout, limits.max_output_bytes)
     protocol = _ProtocolReader(read_fd)
     output.start()
@@ -205,8 +241,12 @@ def run_child(argv: list[str], *, cwd: str, env: dict[str, str], budgets: dict[s
         # Always: the whole group goes, leftovers of a fork included; also on Ctrl-C here.
         kill_tree(proc.pid)
         proc.wait()
+        with _LIVE_LOCK:
+            _LIVE.discard(proc.pid)
     output.join(timeout=5)
     protocol.join(timeout=5)
+    if _SHUTTING_DOWN.is_set():
+        raise Interrupted("shutting down")
     return ChildOutcome(events=tuple(protocol.snapshot()), returncode=proc.returncode,
                         timed_out_stage=timed_out, output=output.text(),
                         output_dropped_bytes=output.dropped, wall_time_s=time.monotonic() - start)

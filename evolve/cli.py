@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 
 from evolve.errors import UsageError
@@ -31,15 +32,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _on_signal(signum, frame) -> None:
+    """SIGTERM / SIGINT: take every sandboxed worker down first, then unwind."""
+    from evaluator.sandbox import kill_all_children
+
+    kill_all_children()
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
     try:
         return int(args.func(args) or 0)
     except UsageError as exc:
         print(f"evolve: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("evolve: interrupted", file=sys.stderr)
+        from evaluator.sandbox import kill_all_children
+
+        kill_all_children()
+        print("evolve: interrupted; every evaluation finished so far is in the archive "
+              "('evolve resume RUN' continues)", file=sys.stderr)
         return 130
 
 

@@ -82,7 +82,11 @@ def _edit_label(row) -> str:
 def cmd_run(args: argparse.Namespace) -> int:
     from evolve.run import EvolutionRun
 
+    from evolve.cli_eval import check_tiling
+    from evolve.run import SEED_KERNELS
+
     config = _config_from_args(args)
+    check_tiling(SEED_KERNELS[config.task.seed].read_text(), config.task.task())
     _archive(args.data_dir, create=True)
     run = EvolutionRun(config, args.data_dir)
     print(f"run {run.run_id}: {config.search.population} individuals x {config.search.generations} "

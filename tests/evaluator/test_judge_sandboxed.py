@@ -67,3 +67,10 @@ def test_many_candidates_come_back_in_order_each_with_its_own_status(strict_judg
     wrong = variant(seed_source, "s = s * sm_scale", "s = s * 1.0")
     results = strict_judge.evaluate_many([wrong, seed_source, "import os\n" + seed_source], TINY)
     assert [r.status for r in results] == [Status.FAIL_CORRECTNESS, Status.PASS, Status.FAIL_SCREEN]
+
+
+def test_workers_get_a_private_home_and_no_compilation_cache(strict_judge, tmp_path):
+    env = strict_judge._child_env(tmp_path)
+    assert env["HOME"] == env["TMPDIR"] == str(tmp_path)
+    assert not any("CACHE" in key for key in env)
+    assert not any(key.startswith(("AWS_", "GOOGLE_", "MLFLOW_")) for key in env)

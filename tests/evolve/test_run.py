@@ -93,6 +93,53 @@ def test_the_same_seed_gives_the_same_lineage(small_run, tmp_path):
     assert lineage_signature(data, run_id) == lineage_signature(other, run_id_of(other))
 
 
+def workers_of(pid: int) -> list[int]:
+    from evaluator.sandbox import _descendants
+
+    found = []
+    for child in _descendants(pid):
+        try:
+            with open(f"/proc/{child}/cmdline", "rb") as fh:
+                if b"evaluator.worker" in fh.read():
+                    found.append(child)
+        except OSError:
+            pass
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_for_workers(proc, timeout: float = 120) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        found = workers_of(proc.pid)
+        if found:
+            return found
+        time.sleep(0.1)
+    return []
+
+
+def test_sigterm_on_the_orchestrator_leaves_no_worker_and_exits_promptly(tmp_path):
+    env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", DO_NOT_TRACK="1")
+    proc = subprocess.Popen([sys.executable, "-m", "evolve", "run", *SMALL, "--data-dir", str(tmp_path / "d")],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    workers = wait_for_workers(proc)
+    assert workers, "no worker started"
+    start = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert time.monotonic() - start < 15
+    assert proc.returncode == 130 and b"interrupted" in err
+    time.sleep(0.3)
+    assert not [w for w in workers if alive(w)]
+
+
 def test_kill_9_mid_generation_then_resume_loses_nothing_and_rejudges_nothing(tmp_path):
     from archive import Archive
 
@@ -106,9 +153,12 @@ def test_kill_9_mid_generation_then_resume_loses_nothing_and_rejudges_nothing(tm
     while time.monotonic() < deadline:
         files = list((data / "archive").rglob("batch-g000001-*.parquet")) if data.exists() else []
         if files:                                       # generation 1 has started being judged
-            os.killpg(proc.pid, signal.SIGKILL)
+            workers = workers_of(proc.pid)
+            os.kill(proc.pid, signal.SIGKILL)           # the orchestrator only: workers must follow
             proc.wait()
             rows_before = Archive(data).evaluations()
+            time.sleep(0.5)
+            assert not [w for w in workers if alive(w)], "a worker outlived its orchestrator"
             break
         if proc.poll() is not None:
             break
@@ -175,6 +225,7 @@ def _digest(directory: Path) -> str:
     (["run", "--population", "-3"], "population must be at least 2"),
     (["run", "--chip", "v9"], "unknown chip"),
     (["run", "--shape", "N=abc"], "not an integer"),
+    (["run", "--shape", "N=200"], "cannot be tiled"),
     (["run", "--config", "/no/such.toml"], "no config file"),
     (["resume", "no-such-run"], "no run 'no-such-run'"),
     (["promote", "no-such-run"], "no run 'no-such-run'"),
