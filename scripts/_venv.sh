@@ -11,4 +11,6 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[${EXTRAS:-}]"
+target="."
+[ -n "${EXTRAS:-}" ] && target=".[${EXTRAS}]"
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e "$target"
