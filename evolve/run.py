@@ -117,20 +117,26 @@ class EvolutionRun:
         self.progress.update(judged=judged, speedup=result.metrics.speedup_vs_reference if result.ok else None)
         return result, fresh, row
 
-    def evaluate_all(self, individuals: list[Individual]) -> None:
-        """The toolbox's map: parallel sandboxed judging, one worker per core."""
+    def parallel_map(self, func, individuals: list[Individual]) -> list:
+        """The toolbox's map: one sandboxed judge per core."""
         self.judge.reference_timing(self.task)
         if individuals:
             self.progress.generation = max(ind.generation for ind in individuals)
         with concurrent.futures.ThreadPoolExecutor(self.judge.config.workers) as pool:
-            outcomes = list(pool.map(self._evaluate_one, individuals))
-        for ind, (result, fresh, row) in zip(individuals, outcomes):
-            ind.result = result
-            ind.fitness.values = (result.metrics.speedup_vs_reference or 0.0,) if result.ok else (0.0,)
-            self.sources[ind.id] = ind.source
-            if fresh:
-                parent = self.sources.get(ind.parent_ids[0]) if ind.parent_ids else None
-                self.tracker.log_individual(row, parent)
+            return list(pool.map(func, individuals))
+
+    def record(self, ind: Individual, outcome: tuple[EvalResult, bool, dict]) -> None:
+        result, fresh, row = outcome
+        ind.result = result
+        ind.fitness.values = (result.metrics.speedup_vs_reference or 0.0,) if result.ok else (0.0,)
+        self.sources[ind.id] = ind.source
+        if fresh:
+            parent = self.sources.get(ind.parent_ids[0]) if ind.parent_ids else None
+            self.tracker.log_individual(row, parent)
+
+    def _search(self) -> Search:
+        return Search(self.config, self.seed_source, self.task, evaluate=self._evaluate_one,
+                      map_fn=self.parallel_map, record=self.record, on_generation=self.on_generation)
 
     def on_generation(self, generation: int, population: list[Individual], search: Search) -> None:
         self.progress.generation = generation
@@ -152,13 +158,13 @@ class EvolutionRun:
     def start(self) -> Individual | None:
         self.archive.write_run_meta(self.run_id, self._meta("running"))
         self.tracker.start_run(self.run_id, self.task.key, self.config.to_dict())
-        search = Search(self.config, self.seed_source, self.task, self.evaluate_all, self.on_generation)
+        search = self._search()
         return self._finish(search, search.run(search.initial_population(), 0))
 
     def resume(self) -> Individual | None:
         """Continue after the last stored generation; what was judged since is read back, not redone."""
         self.tracker.start_run(self.run_id, self.task.key, self.config.to_dict())
-        search = Search(self.config, self.seed_source, self.task, self.evaluate_all, self.on_generation)
+        search = self._search()
         gens = self.archive.generations(self.run_id)
         rows = self.archive.evaluations(self.run_id)
         if gens.empty:
@@ -170,7 +176,7 @@ class EvolutionRun:
         self.in_run.update(by_id)
         search.seen.update(by_id)
         hof = [self._from_row(by_id[i]) for i in last["hall_of_fame_ids"] if i in by_id]
-        self.evaluate_all(hof + population)          # from the archive: nothing is re-judged
+        search.evaluate(hof + population)            # from the archive: nothing is re-judged
         search.record(hof + population)
         start = int(last["generation"]) + 1
         self.progress.generation = start
@@ -180,13 +186,7 @@ class EvolutionRun:
         # the archive and come back from there.
         search.seen.difference_update(
             r["individual_id"] for r in rows.to_dict("records") if int(r["generation"]) >= start)
-        for generation in range(start, self.config.search.generations + 1):
-            elites, children = search.breed(population, generation)
-            self.evaluate_all(children)
-            search.record(children)
-            population = elites + children
-            self.on_generation(generation, population, search)
-        return self._finish(search, search.champion)
+        return self._finish(search, search.evolve(population, start))
 
     def _from_row(self, row: dict[str, Any]) -> Individual:
         import json

@@ -39,25 +39,29 @@ def beats(challenger: Individual, champion: Individual | None) -> bool:
     return (challenger.speedup or 0.0) > (champion.speedup or 0.0)
 
 
-def make_toolbox(config: RunConfig, seed_source: str, task, evaluate_all: Callable) -> base.Toolbox:
+def make_toolbox(config: RunConfig, seed_source: str, task, *, evaluate: Callable, map_fn: Callable,
+                 record: Callable) -> base.Toolbox:
+    """``evaluate(ind) -> outcome`` judges one individual; ``map_fn`` is where parallel, sandboxed
+    evaluation plugs in; ``record(ind, outcome)`` sets its result and fitness and logs it."""
     toolbox = base.Toolbox()
     toolbox.register("mutate", mutate, seed_source=seed_source, task=task)
     toolbox.register("mate", crossover, seed_source=seed_source, task=task)
     toolbox.register("select", tools.selTournament, tournsize=config.search.tournament_size)
-    toolbox.register("evaluate_all", evaluate_all)
+    toolbox.register("evaluate", evaluate)
+    toolbox.register("map", map_fn)
+    toolbox.register("record", record)
     return toolbox
 
 
 class Search:
-    """Holds the state of one run's search; ``evaluate_all`` judges a list of individuals
-    (setting ``.result`` and ``.fitness``) and is the single place parallelism plugs in."""
+    """Holds the state of one run's search; the toolbox's ``map`` and ``evaluate`` judge."""
 
-    def __init__(self, config: RunConfig, seed_source: str, task, evaluate_all: Callable,
-                 on_generation: Callable[[int, list[Individual], Search], None]):
+    def __init__(self, config: RunConfig, seed_source: str, task, *, evaluate: Callable, map_fn: Callable,
+                 record: Callable, on_generation: Callable[[int, list[Individual], Search], None]):
         self.config = config
         self.seed_source = seed_source
         self.task = task
-        self.toolbox = make_toolbox(config, seed_source, task, evaluate_all)
+        self.toolbox = make_toolbox(config, seed_source, task, evaluate=evaluate, map_fn=map_fn, record=record)
         self.on_generation = on_generation
         self.hof = tools.HallOfFame(config.search.hall_of_fame, similar=lambda a, b: a.id == b.id)
         self.champion: Individual | None = None
@@ -106,15 +110,23 @@ class Search:
                     break
         return elites, children
 
-    def run(self, population: list[Individual], start: int) -> Individual | None:
+    def evaluate(self, individuals: list[Individual]) -> None:
+        for ind, outcome in zip(individuals, self.toolbox.map(self.toolbox.evaluate, individuals)):
+            self.toolbox.record(ind, outcome)
+
+    def run(self, population: list[Individual], start: int = 0) -> Individual | None:
         """Evaluate ``population`` as generation ``start`` and go on to the last generation."""
         self.seen.update(ind.id for ind in population)
-        self.toolbox.evaluate_all(population)
+        self.evaluate(population)
         self.record(population)
         self.on_generation(start, population, self)
-        for generation in range(start + 1, self.config.search.generations + 1):
+        return self.evolve(population, start + 1)
+
+    def evolve(self, population: list[Individual], first: int) -> Individual | None:
+        """Generations ``first``..last, starting from an evaluated ``population``."""
+        for generation in range(first, self.config.search.generations + 1):
             elites, children = self.breed(population, generation)
-            self.toolbox.evaluate_all(children)
+            self.evaluate(children)
             self.record(children)
             population = elites + children
             self.on_generation(generation, population, self)

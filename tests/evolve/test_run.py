@@ -187,7 +187,8 @@ def test_promote_round_trips_through_the_model_registry(small_run, tmp_path):
     mlflow.set_tracking_uri(f"sqlite:///{data / 'mlflow.db'}")
     model = mlflow.pyfunc.load_model("models:/fa_test@champion")
     rng = np.random.default_rng(0)
-    q, k, v = (rng.standard_normal((1, 1, 256, 128)).astype(np.float32) for _ in range(3))
+    # The run's task shape: a champion need only handle the shapes it was evolved for.
+    q, k, v = (rng.standard_normal((1, 2, 256, 128)).astype(np.float32) for _ in range(3))
     got = np.asarray(model.predict({"q": q, "k": k, "v": v, "causal": True, "sm_scale": 128 ** -0.5}),
                      dtype=np.float32)
     s = np.einsum("bhqd,bhkd->bhqk", q, k) * 128 ** -0.5
