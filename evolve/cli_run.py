@@ -153,7 +153,7 @@ def cmd_lineage(args: argparse.Namespace) -> int:
         sp = row.get("speedup_vs_reference")
         gain = f"  ({sp / prev:.2f}x over its parent)" if sp and prev else ""
         sp_text = f"{sp:.3f}x vs reference" if sp else row.get("status")
-        label = "seed" if not row.get("parent_ids") is not None or row.get("operator") == "seed" else _edit_label(row)
+        label = "seed" if row.get("operator") == "seed" else _edit_label(row)
         print(f"{row['individual_id']}  g{int(row['generation'])}  {label:<60} {sp_text}{gain}")
         prev = sp or prev
     out = Path(args.out or f"lineage-{args.id}.svg")
