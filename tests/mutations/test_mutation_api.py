@@ -61,7 +61,7 @@ def test_replay_reproduces_an_edit_history():
     seed = seed_source()
     rng = random.Random(5)
     source, edits = seed, []
-    for name in ("head_coarsening", "deferred_norm", "block_sizes", "causal_skip", "vmem_limit"):
+    for name in ("causal_skip", "head_coarsening", "deferred_norm", "block_sizes", "vmem_limit"):
         result = get_operator(name).apply(source, TASK, rng)
         assert result.status == "applied", (name, result.reason)
         source, edits = result.source, edits + [result.edit]

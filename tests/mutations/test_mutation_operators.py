@@ -165,17 +165,51 @@ def test_causal_skip_not_applicable():
 def test_head_coarsening_before_after():
     after = apply("head_coarsening", heads_per_program=2)
     assert read_tunables(after)["HEADS_PER_PROGRAM"] == 2
-    assert "sm_scale, causal, block_q, block_kv, heads_per_program):" in after
-    assert "    for head in range(heads_per_program):\n        q = q_ref[0, head]\n" in after
+    assert "sm_scale, causal, block_q, block_kv, heads_per_program, head_dim):" in after
+    # q / k / v refs are tuples of one-head refs; the body loops over the heads.
+    assert "    for head in range(heads_per_program):\n        q = q_ref[head][0, 0]\n" in after
     assert "m_scratch[head] = m_next" in after
-    assert "            o_ref[0, head] = acc_scratch[head].astype(o_ref.dtype)" in after
+    # The output block holds the program's heads side by side along lanes.
+    assert ("            lanes = pl.ds(head * head_dim, head_dim)  # this head's lanes\n"
+            "            o_ref[0, 0, :, lanes] = acc_scratch[head].astype(o_ref.dtype)") in after
     assert "grid = (batch, heads // heads_per_program, seq_len // block_q" in after
-    assert after.count("pl.BlockSpec((1, heads_per_program, ") == 4
+    # One (1, 1, block, head_dim) BlockSpec per head of each input: contiguous DMAs only.
+    assert ("tuple(pl.BlockSpec((1, 1, block_kv, head_dim), lambda b, h, i, j, t=t: "
+            "(b, h * heads_per_program + t, j, 0)) for t in range(heads_per_program))") in after
+    assert after.count("lambda b, h, i, j, t=t: (b, h * heads_per_program + t, ") == 3
+    assert "out_specs=pl.BlockSpec((1, 1, block_q, heads_per_program * head_dim), " in after
+    assert ("jax.ShapeDtypeStruct((q.shape[0], q.shape[1] // heads_per_program, q.shape[2], "
+            "heads_per_program * q.shape[3]), q.dtype)") in after
+    assert ")((q,) * heads_per_program, (k,) * heads_per_program, (v,) * heads_per_program)\n" in after
+    assert "    return _lanes_to_heads(out, heads_per_program)\n" in after
     assert "pltpu.VMEM((heads_per_program, block_q, STATS_LANES), jnp.float32)" in after
     assert "block_q=block_q, block_kv=block_kv,\n" in after
-    assert "heads_per_program=heads_per_program)" in after
-    assert '@functools.partial(jax.jit, static_argnames=("causal", "sm_scale"))' in after
+    assert "heads_per_program=heads_per_program,\n" in after and "head_dim=head_dim)" in after
+    assert "\n\n\ndef _lanes_to_heads(x, heads_per_program):" in after
+    assert "\n\n\n@functools.partial(jax.jit, static_argnames=(\"causal\", \"sm_scale\"))" in after
     assert "already" in not_applicable("head_coarsening", after)
+
+
+def test_head_coarsening_after_causal_skip_keeps_the_clamp():
+    after = apply("head_coarsening", apply("causal_skip"), heads_per_program=2)
+    assert after.count("t=t: (b, h * heads_per_program + t, kv_block_index(i, j), 0)") == 2
+    assert "    def _step(needs_mask):\n        for head in range(heads_per_program):\n" in after
+    # The other order is refused by causal_skip: its K/V specs are per-head tuples now.
+    assert "K/V in_specs" in not_applicable("causal_skip", apply("head_coarsening", heads_per_program=2))
+
+
+def test_head_coarsening_composes_with_deferred_norm_both_ways():
+    one = apply("deferred_norm", apply("head_coarsening", heads_per_program=2))
+    other = apply("head_coarsening", apply("deferred_norm"), heads_per_program=2)
+    store = "o_ref[0, 0, :, lanes] = (acc_scratch[head] / l_scratch[head][:, :1]).astype(o_ref.dtype)"
+    assert store in one and store in other
+
+
+def test_head_coarsening_needs_the_one_head_layout():
+    returned = MINI.replace("    return pl.pallas_call(", "    out = pl.pallas_call(")
+    assert "return pl.pallas_call" in not_applicable("head_coarsening", returned)
+    strided = MINI.replace("(1, 1, block_kv, head_dim)", "(1, 2, block_kv, head_dim)")
+    assert "(1, 1, block, head_dim)" in not_applicable("head_coarsening", strided)
 
 
 def test_head_coarsening_checks_the_task_heads():

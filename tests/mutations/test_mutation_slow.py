@@ -41,12 +41,6 @@ def test_all_operators_pass_and_are_faster():
     assert {e.op for e in ALL_SIX} >= {"block_sizes", "compact_scratch", "deferred_norm",
                                        "causal_skip", "head_coarsening", "vmem_limit"}
     seed, result = _judge_against_seed(ALL_SIX)
-    if result.status == Status.FAIL_TIMING and "static LLO profile" in result.error:
-        # Known limitation (libtpu 0.0.42.1): blocks spanning several heads are strided DMAs the
-        # static estimator classifies as REMOTE and reports 0 cycles for, so a head-coarsened
-        # kernel is correct (FAIL_TIMING comes after the correctness stage) but cannot be timed
-        # without a TPU. test_five_operators_pass_and_are_faster checks the rest.
-        pytest.xfail(f"head coarsening defeats the compiler's cycle estimate: {result.error}")
     assert result.status == Status.PASS, f"{result.status}: {result.error}"
     assert result.metrics.estimated_cycles < seed.metrics.estimated_cycles
 
