@@ -54,21 +54,22 @@ def _is_causal_if(node: cst.CSTNode) -> bool:
 
 
 def _kv_specs(module: cst.Module) -> list[cst.Call]:
-    """The in_specs BlockSpecs whose index map returns the kv grid index at the sequence axis."""
+    """The in_specs BlockSpecs whose index map returns the kv grid index at the sequence axis,
+    whether listed one per operand or built per head (``tuple(pl.BlockSpec(...) for t in ...)``)."""
     in_specs = C.call_kwarg(C.pallas_call(module), "in_specs")
     if not isinstance(in_specs, (cst.List, cst.Tuple)):
         raise NotApplicable("pallas_call has no literal in_specs list")
     out = []
     for element in in_specs.elements:
-        spec = element.value
-        if not (C.is_call(spec, "pl.BlockSpec") and len(spec.args) >= 2  # type: ignore[attr-defined]
-                and isinstance(spec.args[1].value, cst.Lambda)):  # type: ignore[attr-defined]
-            continue
-        lam = spec.args[1].value  # type: ignore[attr-defined]
-        params = [p.name.value for p in lam.params.params]
-        if (len(params) == 4 and isinstance(lam.body, cst.Tuple) and len(lam.body.elements) == 4
-                and C.norm(lam.body.elements[2].value) == params[3]):
-            out.append(spec)
+        for spec in C.find_all(element.value, lambda n: C.is_call(n, "pl.BlockSpec")):
+            if len(spec.args) < 2 or not isinstance(spec.args[1].value, cst.Lambda):
+                continue
+            lam = spec.args[1].value
+            params = [p.name.value for p in lam.params.params]
+            grid_params = [p for p in lam.params.params if p.default is None]
+            if (len(grid_params) == 4 and isinstance(lam.body, cst.Tuple) and len(lam.body.elements) == 4
+                    and C.norm(lam.body.elements[2].value) == params[3]):
+                out.append(spec)
     return out
 
 
@@ -100,7 +101,8 @@ class CausalSkip(Operator):
         if _KV_INDEX_NAME in C.names_in(C.wrapper(module)):
             return Applicability(False, f"the wrapper already defines {_KV_INDEX_NAME}")
         if len(_kv_specs(module)) != 2:
-            return Applicability(False, "expected two K/V in_specs indexed by the kv grid axis")
+            return Applicability(False, "expected two K/V in_specs (or per-head spec groups) indexed by "
+                                        "the kv grid axis")
         return APPLICABLE
 
     def _sample(self, module, task, rng: random.Random) -> dict[str, Any]:
