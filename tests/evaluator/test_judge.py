@@ -96,3 +96,19 @@ def test_results_are_frozen_and_json_ready(judge, seed_source):
     with pytest.raises(dataclasses.FrozenInstanceError):
         r.status = Status.PASS  # type: ignore[misc]
     assert json.loads(json.dumps(r.to_dict()))["status"] == "FAIL_SCREEN"
+
+
+@pytest.mark.slow
+def test_seed_and_jax_kernel_pass_on_the_default_task(judge, seed_source):
+    """The default task (B=1, H=8, N=2048, D=128, causal, bf16) on v5e: ~1.5 min on 2 cores."""
+    from pathlib import Path
+
+    from seeds.flash_attention.task import AttentionTask
+
+    jax_kernel = (Path(__file__).resolve().parents[2] / "examples" / "jax_flash_attention.py").read_text()
+    seed, jax_fa = judge.evaluate_many([seed_source, jax_kernel], AttentionTask())
+    assert seed.status is Status.PASS, seed.error
+    assert jax_fa.status is Status.PASS, jax_fa.error
+    # JAX's kernel skips causal blocks; the naive seed does not.
+    assert jax_fa.metrics.estimated_cycles < seed.metrics.estimated_cycles
+    assert seed.metrics.reference_cycles == jax_fa.metrics.reference_cycles
