@@ -34,6 +34,19 @@ def variants(op, source: str, task, tries: int = 60, limit: int = 12) -> list[tu
     return [(edit, src) for src, edit in seen.items()]
 
 
+_KNOBS = ("block_sizes", "head_coarsening", "vmem_limit")
+
+
+def _best_blocks(entries: list[Entry]) -> tuple[int, int] | None:
+    """(BLOCK_Q, BLOCK_KV) from the best single block-size edits (128 where none won)."""
+    values = {"BLOCK_Q": 128, "BLOCK_KV": 128}
+    for tunable in values:
+        best = _best([e for e in entries if e.edits[0].params.get("tunable") == tunable])
+        if best is not None:
+            values[tunable] = best.edits[0].params["value"]
+    return values["BLOCK_Q"], values["BLOCK_KV"]
+
+
 def _best(entries: list[Entry]) -> Entry | None:
     passed = [e for e in entries if e.result is not None and e.result.ok]
     return max(passed, key=lambda e: e.result.metrics.speedup_vs_reference or 0.0, default=None)
@@ -53,32 +66,41 @@ def run_ablation(judge: Judge, seed_source: str, task, *, include_jax: bool = Tr
     for name in singles:
         singles[name] = [by_source[e.source] for e in singles[name]]
 
-    # All operators together, each with the parameters that were best alone; block-size edits
-    # last so that rewrites matching the seed's structure apply first.
-    chosen: list[Edit] = []
-    for op in ops:
-        # Block sizes: the best value of each tunable (BLOCK_Q and BLOCK_KV both move).
-        groups: dict[str, list[Entry]] = {}
-        for e in singles[op.name]:
-            groups.setdefault(str(e.edits[0].params.get("tunable", "")), []).append(e)
-        for group in groups.values():
-            best = _best(group)
-            if best is not None:
-                chosen.extend(best.edits)
-            elif op.name != "block_sizes":
-                chosen.extend(group[0].edits)   # applies, but gives no PASS alone
-    order = sorted(chosen, key=lambda e: e.op == "block_sizes")
-    combos = []
-    for label, edits in (("all operators together", order),
-                         ("all but head_coarsening", [e for e in order if e.op != "head_coarsening"])):
-        source, kept = seed_source, []
-        for edit in edits:
-            r = replay(source, [edit], task)
-            if r.applied:
-                source, kept = r.source, kept + [edit]
-        combos.append(Entry(label, tuple(kept), source))
+    # All operators together. The parameterless rewrites as they are; the knobs whose best values
+    # alone need not fit together (heads per program and block sizes exhaust VMEM jointly) over a
+    # small grid, with the largest VMEM limit; the best PASS of each group is reported.
+    fixed = [e.edits[0] for name in singles if name not in _KNOBS for e in singles[name][:1]]
+    vmem = max((e.edits[0] for e in singles.get("vmem_limit", [])), key=lambda x: x.params.get("mib", 0),
+               default=None)
+    heads = [e.edits[0] for e in singles.get("head_coarsening", [])]
+    pairs = {_best_blocks(singles.get("block_sizes", [])), (1024, 1024), (512, 512), (256, 512)}
+    groups = {"all operators together": [], "all but head_coarsening": []}
+    for bq, bkv in sorted(p for p in pairs if p is not None):
+        blocks = [Edit("block_sizes", {"tunable": "BLOCK_Q", "value": bq}),
+                  Edit("block_sizes", {"tunable": "BLOCK_KV", "value": bkv})]
+        base = fixed + ([vmem] if vmem else [])
+        groups["all but head_coarsening"].append(base + blocks)
+        groups["all operators together"].extend(base + [hc] + blocks for hc in heads)
+    combos, seen = [], set()
+    for label, histories in groups.items():
+        for edits in histories:
+            source, kept = seed_source, []
+            for edit in edits:
+                r = replay(source, [edit], task)
+                if r.applied:
+                    source, kept = r.source, kept + [edit]
+            if (label, source) not in seen:
+                seen.add((label, source))
+                combos.append(Entry(label, tuple(kept), source))
     combo_results = judge.evaluate_many([e.source for e in combos], task)
     combos = [dataclasses.replace(e, result=r) for e, r in zip(combos, combo_results)]
+    best_combos = []
+    for label in groups:
+        tried = [e for e in combos if e.label == label]
+        best = _best(tried) or (tried[0] if tried else None)
+        if best is not None:
+            best_combos.append(dataclasses.replace(best, label=f"{label} (best of {len(tried)} tried)"))
+    combos = best_combos
 
     rows = [batch[0]]
     for op in ops:
