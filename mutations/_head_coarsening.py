@@ -109,9 +109,10 @@ def _block_shapes(module: cst.Module) -> list[cst.Tuple]:
 
 class HeadCoarsening(Operator):
     name = "head_coarsening"
-    description = ("Process HEADS_PER_PROGRAM heads per program, side by side along lanes: q/k/v go "
-                   "(B, H, N, D) -> (B, H/hpp, N, hpp*D) and back, blocks widen along lanes, the "
-                   "grid's head axis shrinks, scratch gains a head axis, the body loops over heads.")
+    description = ("Process HEADS_PER_PROGRAM heads per program: q/k/v enter once per head with "
+                   "one-head BlockSpecs (contiguous DMAs), the output holds a program's heads side by "
+                   "side along lanes, the grid's head axis shrinks, scratch gains a head axis, the body "
+                   "loops over heads.")
 
     def _check(self, module, task) -> Applicability:
         if "HEADS_PER_PROGRAM" in module_ints(module):
