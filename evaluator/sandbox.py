@@ -12,6 +12,7 @@ thread and cut to a bounded head and tail, so 100 MB of prints cost the parent n
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import json
 import os
@@ -47,14 +48,16 @@ def kill_all_children() -> None:
         kill_tree(pid)
 
 
+try:   # loaded here, not between fork and exec: no imports (and their locks) in the forked child
+    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):
+    _PRCTL = None
+
+
 def _die_with_parent() -> None:
     """Linux: SIGKILL this process when the thread that started it dies (even by kill -9)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 @dataclasses.dataclass(frozen=True)
