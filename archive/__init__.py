@@ -3,12 +3,13 @@
 from ._archive import DEFAULT_DATA_DIR, Archive
 from ._errors import ArchiveError
 from ._identity import individual_id, normalize_source
-from ._schema import COLUMNS, SCHEMA, make_row, normalize_row
+from ._schema import COLUMNS, SCHEMA, edit_label, make_row, normalize_row
 
 __all__ = [
            "COLUMNS",
            "DEFAULT_DATA_DIR",
            "SCHEMA",
+           "edit_label",
            "Archive",
            "ArchiveError",
            "individual_id",

@@ -166,3 +166,18 @@ def row_to_result_dict(row: dict[str, Any]) -> dict[str, Any]:
     lo, hi = out.get("latency_ci_lo_s"), out.get("latency_ci_hi_s")
     out["latency_ci_s"] = [lo, hi] if lo is not None and hi is not None else None
     return out
+
+
+def edit_label(row: dict[str, Any]) -> str:
+    """``operator(k=v, ...)`` for a stored row (its params are JSON text in the archive)."""
+    op = row.get("operator")
+    op = op if isinstance(op, str) and op else "edit"
+    params = row.get("params")
+    if isinstance(params, str):
+        try:
+            params = json.loads(params)
+        except ValueError:
+            params = None
+    if isinstance(params, dict) and params:
+        return f"{op}({', '.join(f'{k}={v}' for k, v in sorted(params.items()))})"
+    return op

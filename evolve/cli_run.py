@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -44,6 +43,7 @@ def _config_from_args(args: argparse.Namespace):
 
 
 def _report(run, champion) -> None:
+    from archive import edit_label
     from evolve.run import lineage_rows
 
     print(f"\nrun {run.run_id}  task {run.task.key}  timing: {run.prov.timing_source} "
@@ -63,20 +63,9 @@ def _report(run, champion) -> None:
         vs_seed = (f"{seed['latency_s'] / lat:.2f}x" if seed is not None and seed.get("latency_s") and lat
                    else "-")
         print(f"{name:<28} {lat * 1e6 if lat else float('nan'):>14.1f} {sp:>12.3f}x {vs_seed:>9}")
-    print("edits: " + (" -> ".join(_edit_label(r) for r in chain[1:]) or "(the seed itself)"))
+    print("edits: " + (" -> ".join(edit_label(r) for r in chain[1:]) or "(the seed itself)"))
     print(f"browse: evolve ui --data-dir {run.data_dir}    lineage: evolve lineage {champion.id} "
           f"--data-dir {run.data_dir}    promote: evolve promote {run.run_id} --data-dir {run.data_dir}")
-
-
-def _edit_label(row) -> str:
-    params = row.get("params")
-    if isinstance(params, str):
-        try:
-            params = json.loads(params)
-        except ValueError:
-            pass
-    text = ",".join(f"{k}={v}" for k, v in (params or {}).items()) if isinstance(params, dict) else str(params)
-    return f"{row.get('operator')}({text})"
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -141,6 +130,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_lineage(args: argparse.Namespace) -> int:
+    from archive import edit_label
     from evolve.run import lineage_rows
     from mlflow_runs import lineage_svg
 
@@ -153,7 +143,7 @@ def cmd_lineage(args: argparse.Namespace) -> int:
         sp = row.get("speedup_vs_reference")
         gain = f"  ({sp / prev:.2f}x over its parent)" if sp and prev else ""
         sp_text = f"{sp:.3f}x vs reference" if sp else row.get("status")
-        label = "seed" if row.get("operator") == "seed" else _edit_label(row)
+        label = "seed" if row.get("operator") == "seed" else edit_label(row)
         print(f"{row['individual_id']}  g{int(row['generation'])}  {label:<60} {sp_text}{gain}")
         prev = sp or prev
     out = Path(args.out or f"lineage-{args.id}.svg")
@@ -184,6 +174,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
 
 def cmd_promote(args: argparse.Namespace) -> int:
+    from archive import edit_label
     from evaluator.judge import Judge, JudgeConfig
     from evolve.config import RunConfig
     from evolve.run import lineage_rows
@@ -209,7 +200,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
     header = "\n".join([
         '"""Promoted by pallas-evolve.', "",
         f"run: {args.run}", f"individual: {champion_id}", f"task: {task.key}",
-        "lineage: seed -> " + " -> ".join(_edit_label(r) for r in chain[1:]),
+        "lineage: seed -> " + " -> ".join(edit_label(r) for r in chain[1:]),
         f"latency: {m.latency_s:.6g} s ({p.timing_source}, chip {p.chip}, libtpu {p.libtpu_version}, "
         f"jax {p.jax_version})",
         f"speedup vs reference: {m.speedup_vs_reference:.4g}x", '"""', "", ""])

@@ -68,8 +68,7 @@ class Progress:
 
 
 class EvolutionRun:
-    def __init__(self, config: RunConfig, data_dir: str, run_id: str | None = None,
-                 quiet: bool = False) -> None:
+    def __init__(self, config: RunConfig, data_dir: str, run_id: str | None = None) -> None:
         self.config = config
         self.data_dir = Path(data_dir)
         self.archive = Archive(self.data_dir)
@@ -86,7 +85,7 @@ class EvolutionRun:
         self.in_run: set[str] = set()        # individuals that have a row in this run
         s = config.search
         expected = s.population + s.generations * (s.population - s.hall_of_fame)
-        self.progress = Progress(expected, open(os.devnull, "w") if quiet else sys.stderr)
+        self.progress = Progress(expected)
 
     # ---- evaluation: archive first, then the judge, row appended the moment it is judged -------
     def _cached(self, ind: Individual) -> EvalResult | None:

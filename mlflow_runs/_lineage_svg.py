@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from html import escape
 from typing import Any
+
+from archive import edit_label
 
 from ._values import clean
 
@@ -13,20 +14,6 @@ WIDTH, BOX_W, BOX_H, GAP = 720, 300, 46, 64
 
 def _value(row: dict[str, Any], key: str) -> Any:
     return clean(row.get(key))
-
-
-def _edit_label(row: dict[str, Any]) -> str:
-    op = _value(row, "operator") or "edit"
-    params = _value(row, "params")
-    if isinstance(params, str):
-        try:
-            params = json.loads(params)
-        except ValueError:
-            params = None
-    if isinstance(params, dict) and params:
-        text = ", ".join(f"{k}={v}" for k, v in sorted(params.items()))
-        return f"{op}({text})"[:70]
-    return str(op)
 
 
 def _speedup_text(speedup: float | None) -> str:
@@ -57,7 +44,7 @@ def lineage_svg(chain: list[dict[str, Any]], title: str = "lineage") -> str:
             out.append(f'<line x1="{WIDTH // 2}" y1="{y_from}" x2="{WIDTH // 2}" y2="{y - 2}" '
                        'stroke="#555" stroke-width="1.5" marker-end="url(#arrow)"/>')
             gain = (f"x{speedup / previous:.3f}" if speedup is not None and previous else "x?")
-            label = f"{_edit_label(row)}  {gain}"
+            label = f"{edit_label(row)[:70]}  {gain}"
             out.append(f'<text x="{WIDTH // 2 + 8}" y="{y_from + GAP // 2 + 4}">{escape(label)}</text>')
         ind = str(_value(row, "individual_id") or "?")
         gen = _value(row, "generation")
