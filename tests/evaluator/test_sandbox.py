@@ -11,6 +11,7 @@ import time
 from evaluator.judge import Judge
 from evaluator.result import Status
 from evaluator.sandbox import Limits, run_child
+from tests.procs import alive
 
 PROTOCOL = textwrap.dedent("""
     import json, os
@@ -25,14 +26,6 @@ def run_script(tmp_path, body: str, budget: float = 20.0, **limits):
     script.write_text(PROTOCOL + textwrap.dedent(body))
     return run_child([sys.executable, str(script)], cwd=str(tmp_path), env={"PATH": os.environ["PATH"]},
                      budgets={"work": budget}, default_budget=budget, limits=Limits(**limits))
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_a_hang_in_native_code_is_killed_from_outside_within_budget(tmp_path):

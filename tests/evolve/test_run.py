@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.procs import alive
+
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--shape", "B=1,H=2,N=256,D=128", "--population", "4", "--generations", "2", "--rng-seed", "7"]
 
@@ -105,14 +107,6 @@ def workers_of(pid: int) -> list[int]:
         except OSError:
             pass
     return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def wait_for_workers(proc, timeout: float = 120) -> list[int]:
