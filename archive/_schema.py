@@ -31,6 +31,10 @@ _METRIC_TYPES: dict[str, pa.DataType] = {
     "compile_time_s": pa.float64(),
     "max_abs_error": pa.float64(),
     "max_rel_error": pa.float64(),
+    "reference_max_abs_error": pa.float64(),
+    "sandbox_time_s": pa.float64(),
+    "correctness_time_s": pa.float64(),
+    "runner_time_s": pa.float64(),
 }
 
 SCHEMA = pa.schema(

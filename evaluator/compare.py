@@ -13,6 +13,7 @@ class Comparison:
     error: str = ""
     max_abs_error: float | None = None
     max_rel_error: float | None = None
+    baseline_abs_error: float | None = None   # the task's own XLA program on the same input
 
 
 def load_output(path: str, dtype: str) -> np.ndarray:
@@ -27,9 +28,12 @@ def load_output(path: str, dtype: str) -> np.ndarray:
 
 
 def compare(out: np.ndarray, ref: np.ndarray, *, expected_dtype: str, atol: float, rtol: float,
-            label: str = "") -> Comparison:
+            label: str = "", baseline: np.ndarray | None = None,
+            baseline_factor: float = 1.5) -> Comparison:
     """Strict: shape and dtype must match exactly; any NaN or Inf fails; then elementwise
-    ``|out - ref| <= atol + rtol * |ref|``."""
+    ``|out - ref| <= atol + rtol * |ref|``; then, given the task's own XLA program's output on the
+    same input (``baseline``), the largest error may be at most ``baseline_factor`` times the
+    baseline's, so that a less precise kernel cannot hide inside a loose tolerance."""
     where = f" on {label}" if label else ""
     if tuple(out.shape) != tuple(ref.shape):
         return Comparison(False, f"output shape {tuple(out.shape)} != expected {tuple(ref.shape)}{where}")
@@ -51,4 +55,17 @@ def compare(out: np.ndarray, ref: np.ndarray, *, expected_dtype: str, atol: floa
                                   f"rtol={rtol}){where}; worst at index {tuple(int(i) for i in idx)}: "
                                   f"got {out32[idx]:.5g}, expected {ref[idx]:.5g}"),
                           max_abs, max_rel)
-    return Comparison(True, "", max_abs, max_rel)
+    if baseline is None:
+        return Comparison(True, "", max_abs, max_rel)
+    base_diff = np.abs(baseline.astype(np.float32) - ref)
+    base_abs = float(base_diff.max()) if diff.size else 0.0
+    # The worst element and the typical one: a kernel that loses precision everywhere (bf16
+    # accumulation) shows in the mean long before it shows in the max.
+    for name, ours, theirs in (("max", max_abs, base_abs),
+                               ("mean", float(diff.mean()), float(base_diff.mean()))):
+        if ours > baseline_factor * theirs:
+            return Comparison(False, (f"{name} abs error {ours:.4g} is more than {baseline_factor:g}x "
+                                      f"that of the task's own XLA program ({theirs:.4g}){where}: the "
+                                      "kernel is less precise than the reference program it competes with"),
+                              max_abs, max_rel, base_abs)
+    return Comparison(True, "", max_abs, max_rel, base_abs)

@@ -1,9 +1,18 @@
-"""The judge: screen -> lower -> compile -> correctness -> performance -> metrics.
+"""The judge: screen -> trace -> audit -> compile -> correctness -> performance -> metrics.
 
 Every candidate ends with exactly one ``Status`` in a frozen ``EvalResult``; nothing raises.
-Candidate code runs only in sandboxed child processes (``sandbox.py``); the reference, the
-inputs, the comparison and the verdict stay in this (trusted) process or in trusted children
-that never load candidate code.
+
+Two children per candidate, one after the other:
+
+1. the **worker** (``worker.py``), the only process that runs candidate code: jailed
+   (``jail.py``: own PID, network and mount namespaces, user ``nobody``, only its scratch
+   directory writable), it traces the candidate once and exports that one program for the TPU
+   and for the CPU interpreter (``traced.py``). It never sees the inputs.
+2. the **runner** (``runner.py``), trusted code only, started after the worker's namespace is
+   gone: it audits the exported programs (``kernel_audit.py``), compiles the TPU program with
+   the profile dump in a directory of its own, and runs the CPU program on the inputs.
+
+The reference, the inputs, the comparison and the verdict stay in this process.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import sys
 import tempfile
 import threading
@@ -24,6 +34,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from evaluator import jail
 from evaluator.chips import Chip, get_chip
 from evaluator.compare import compare, load_output
 from evaluator.result import EvalResult, Metrics, Provenance, Status
@@ -32,10 +43,19 @@ from evaluator.sandbox import ChildOutcome, Limits, run_child
 from evaluator.screen import screen_source
 from evaluator.timing import Timing, TimingSource, get_timing_source
 from evaluator.versions import versions
+from evaluator.worker import PROGRAM_FILES
 from seeds.flash_attention.task import CORRECTNESS_INPUTS, AttentionTask, make_inputs, reference_f32
 
 _ROOT = Path(__file__).resolve().parent.parent
 _REFERENCE_CACHE_FILE = "reference_timings.json"
+_MAX_PROGRAM_BYTES = 64 << 20
+# Constructs that cannot be one checked-and-timed program, whatever times it: refused outright.
+TRACE_REFUSALS = ("host_callback", "unknown_custom_call", "effects", "multi_platform")
+# Constructs the compiler's static estimate cannot count: such a kernel may be correct, but its
+# estimate is not a figure (FAIL_TIMING naming the construct). A measured time counts them.
+ESTIMATE_BLIND_SPOTS = ("data_dependent_loop", "data_dependent_branch", "xla_loop", "xla_branch",
+                        "unparsed_kernel")
+_WARNED: set[str] = set()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +84,8 @@ class JudgeConfig:
     cache_dir: str | None = None         # reference timings; default ~/.cache/pallas-evolve
     entry: str = "flash_attention"
     suspect_factor: float = 1.0          # faster than roofline * factor -> SUSPECT
+    # A candidate's error may be at most this multiple of the task's own XLA program's error.
+    reference_error_factor: float = 1.5
 
     def __post_init__(self) -> None:
         get_chip(self.chip)
@@ -74,6 +96,37 @@ class JudgeConfig:
             raise ValueError("workers must be at least 1")
         if not self.correctness_inputs:
             raise ValueError("correctness needs at least one input set")
+
+
+@dataclasses.dataclass(frozen=True)
+class GroundTruth:
+    """One input set, the f32 truth on it, and what the task's own XLA program gives on it."""
+
+    label: str
+    qkv: tuple
+    f32: np.ndarray
+    program_out: np.ndarray | None = None
+
+
+def _private_dir(kind: str) -> Path:
+    """A directory only this user can reach (mkdtemp makes it 0700), for trusted children."""
+    return Path(tempfile.mkdtemp(prefix=f"pallas-evolve-{kind}-"))
+
+
+def _read_regular(path: Path, limit: int) -> bytes | None:
+    """A file the jailed worker left behind, read as data: no symlinks, no devices, bounded."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            return fh.read(limit)
+    finally:
+        os.close(fd)
 
 
 def on_tpu_host() -> bool:
@@ -103,6 +156,8 @@ def classify_error(stage: str, kind: str, message: str) -> Status:
         return Status.FAIL_VMEM
     if kind == "MemoryError" or any(k in low for k in ("bad_alloc", "cannot allocate memory")):
         return Status.OOM
+    if kind == "Refused":
+        return Status.FAIL_TRACE
     return {"load": Status.FAIL_LOWER, "lower": Status.FAIL_LOWER, "compile": Status.FAIL_COMPILE,
             "correctness": Status.FAIL_CORRECTNESS, "timing": Status.CRASH}.get(stage, Status.CRASH)
 
@@ -120,9 +175,15 @@ class Judge:
             raise ValueError("measured timing needs a TPU host; use --timing compiler_estimate")
         self.timing: TimingSource = get_timing_source(name)
         self.cache_dir = Path(config.cache_dir or Path.home() / ".cache" / "pallas-evolve")
+        self.isolation = jail.probe()
+        if not self.isolation.enabled and "jail" not in _WARNED:
+            _WARNED.add("jail")
+            print(f"WARNING: candidate code will run WITHOUT operating-system isolation "
+                  f"({self.isolation.reason}); only process limits and the source screen stand "
+                  "between a candidate and this machine.", file=sys.stderr)
         self._lock = threading.Lock()
         self._references: dict[str, Timing] = {}
-        self._truth: dict[AttentionTask, list[tuple[tuple, np.ndarray]]] = {}
+        self._truth: dict[AttentionTask, list[GroundTruth]] = {}
 
     # ---- provenance --------------------------------------------------------------------------
     def provenance(self) -> Provenance:
@@ -131,98 +192,139 @@ class Judge:
                           jax_version=v["jax_version"], jaxlib_version=v["jaxlib_version"],
                           libtpu_version=v["libtpu_version"])
 
-    # ---- trusted inputs and references --------------------------------------------------------
-    def _ground_truth(self, task: AttentionTask) -> list[tuple[tuple, np.ndarray]]:
-        with self._lock:
-            if task not in self._truth:
-                sets = []
-                for dist, seed in self.config.correctness_inputs:
-                    qkv = make_inputs(task, seed, dist)
-                    sets.append((qkv, reference_f32(task, *qkv)))
-                self._truth[task] = sets
-            return self._truth[task]
+    # ---- children --------------------------------------------------------------------------------
+    def _base_env(self, home: Path) -> dict[str, str]:
+        return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home),
+                "TMPDIR": str(home), "LANG": "C.UTF-8", "PYTHONPATH": str(_ROOT),
+                "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
 
     def _child_env(self, scratch: Path) -> dict[str, str]:
-        env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HOME": str(scratch), "TMPDIR": str(scratch), "LANG": "C.UTF-8",
-            "PYTHONPATH": str(_ROOT), "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
-            "TPU_ACCELERATOR_TYPE": self.chip.accelerator_type, "TPU_WORKER_HOSTNAMES": "localhost",
-            "TF_CPP_MIN_LOG_LEVEL": "2",
-        }
+        """The jailed worker only traces and exports: no TPU, no libtpu flags, no timing."""
+        return dict(self._base_env(scratch), JAX_PLATFORMS="cpu")
+
+    def _runner_env(self, private: Path) -> dict[str, str]:
+        env = dict(self._base_env(private), TPU_ACCELERATOR_TYPE=self.chip.accelerator_type,
+                   TPU_WORKER_HOSTNAMES="localhost")
         if not self.on_tpu:
-            # No chip to guard: let parallel workers load libtpu without its /tmp lockfile.
+            # No chip to guard: let parallel runners load libtpu without its /tmp lockfile.
             env["JAX_PLATFORMS"] = "cpu"
             env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
-        env.update(self.timing.worker_env(scratch))
+        env.update(self.timing.worker_env(private))
         return env
 
-    def _run_worker(self, scratch: Path, task: AttentionTask, mode: str,
-                    kernel_path: str | None, input_dirs: list[str]) -> ChildOutcome:
-        request = {"mode": mode, "kernel_path": kernel_path, "entry": self.config.entry,
-                   "task": dataclasses.asdict(task), "chip": self.chip.name,
-                   "topology": self.chip.topology, "on_tpu": self.on_tpu, "inputs": input_dirs,
-                   "out_dir": str(scratch), "timing": self.timing.worker_request()}
-        (scratch / "request.json").write_text(json.dumps(request))
-        outcome = run_child([sys.executable, "-m", "evaluator.worker", str(scratch / "request.json")],
-                            cwd=str(scratch), env=self._child_env(scratch),
-                            budgets=self.config.budgets.as_dict(),
+    def _run(self, module: str, directory: Path, request: dict, env: dict[str, str],
+             jailed: bool) -> ChildOutcome:
+        (directory / "request.json").write_text(json.dumps(request))
+        argv = [sys.executable, "-m", module, str(directory / "request.json")]
+        if jailed:
+            argv = self.isolation.wrap(argv, str(directory))
+        outcome = run_child(argv, cwd=str(directory), env=env, budgets=self.config.budgets.as_dict(),
                             default_budget=self.config.budgets.load_s, limits=self.config.limits)
-        if self.on_tpu and outcome.returncode != 0:
-            Path("/tmp/libtpu_lockfile").unlink(missing_ok=True)   # a killed worker's leftover
+        if self.on_tpu and not jailed and outcome.returncode != 0:
+            Path("/tmp/libtpu_lockfile").unlink(missing_ok=True)   # a killed runner's leftover
         return outcome
+
+    def _run_runner(self, private: Path, task: AttentionTask, mode: str, programs: dict[str, str],
+                    input_dirs: list[str], compile_tpu: bool = True) -> ChildOutcome:
+        request = {"mode": mode, "programs": programs, "task": dataclasses.asdict(task),
+                   "topology": self.chip.topology, "on_tpu": self.on_tpu, "inputs": input_dirs,
+                   "out_dir": str(private), "timing": self.timing.worker_request(),
+                   "refuse": list(TRACE_REFUSALS), "compile": compile_tpu}
+        return self._run("evaluator.runner", private, request, self._runner_env(private), jailed=False)
+
+    # ---- trusted inputs and references --------------------------------------------------------
+    def _ground_truth(self, task: AttentionTask) -> list[GroundTruth]:
+        """Inputs, the f32 truth, and the task's XLA program's outputs: made before any candidate
+        runs, kept in this process."""
+        with self._lock:
+            if task not in self._truth:
+                self._truth[task] = self._make_ground_truth(task)
+            return self._truth[task]
+
+    def _make_ground_truth(self, task: AttentionTask) -> list[GroundTruth]:
+        sets = []
+        for dist, seed in self.config.correctness_inputs:
+            qkv = make_inputs(task, seed, dist)
+            sets.append(GroundTruth(f"input {dist} seed {seed}", qkv, reference_f32(task, *qkv)))
+        timing = self._cached_reference(task)
+        private = _private_dir("ref")
+        try:
+            inputs = self._write_inputs(private, [g.qkv for g in sets])
+            outcome = self._run_runner(private, task, "reference", {}, inputs,
+                                       compile_tpu=timing is None or self.on_tpu)
+            failure = self._failure(outcome)
+            if failure is not None:
+                raise RuntimeError(f"the task's reference program failed: {failure[2]}")
+            data = self._stage_data(outcome)
+            outputs = data["correctness"]["outputs"]
+            sets = [dataclasses.replace(g, program_out=load_output(str(private / f"out{i}.npy"),
+                                                                   outputs[i]["dtype"]))
+                    for i, g in enumerate(sets)]
+            if timing is None:
+                timing = self.timing.read(private, data, self.chip)
+                if timing.latency_s is not None:
+                    self._store_reference(task, timing)
+            self._references[self._reference_key(task)] = timing
+        finally:
+            shutil.rmtree(private, ignore_errors=True)
+        return sets
+
+    def _reference_key(self, task: AttentionTask) -> str:
+        return f"{task.key}|{self.chip.name}|{self.timing.name}|libtpu={versions()['libtpu_version']}"
 
     def reference_timing(self, task: AttentionTask) -> Timing:
         """The task's plain XLA program, compiled for the same chip, timed by the same source."""
-        key = f"{task.key}|{self.chip.name}|{self.timing.name}|libtpu={versions()['libtpu_version']}"
-        cache_file = self.cache_dir / _REFERENCE_CACHE_FILE
-        with self._lock:
-            if key in self._references:
-                return self._references[key]
-            persistent = self.timing.name == "compiler_estimate"   # deterministic: safe to keep
-            if persistent and cache_file.is_file():
-                try:
-                    cached = json.loads(cache_file.read_text()).get(key)
-                except (OSError, ValueError):
-                    cached = None
-                if cached:
-                    self._references[key] = Timing(cached["latency_s"], cycles=cached.get("cycles"))
-                    return self._references[key]
-            scratch = Path(tempfile.mkdtemp(prefix="pallas-evolve-ref-"))
-            try:
-                inputs = self._write_inputs(scratch, task, limit=1) if self.on_tpu else []
-                outcome = self._run_worker(scratch, task, "reference", None, inputs)
-                errors = [e for e in outcome.events if e.get("event") == "error"]
-                if errors or not any(e.get("event") == "done" for e in outcome.events):
-                    detail = errors[0]["message"] if errors else _first_lines(outcome.output[-2000:])
-                    return Timing(None, error=f"the reference failed to compile: {detail}")
-                timing = self.timing.read(scratch, self._stage_data(outcome), self.chip)
-            finally:
-                shutil.rmtree(scratch, ignore_errors=True)
-            if timing.latency_s is not None:
-                self._references[key] = timing
-                if persistent:
-                    self._store_reference(cache_file, key, timing)
-            return timing
-
-    def _store_reference(self, cache_file: Path, key: str, timing: Timing) -> None:
         try:
-            cache_file.parent.mkdir(parents=True, exist_ok=True)
+            self._ground_truth(task)
+        except RuntimeError as exc:
+            return Timing(None, error=str(exc))
+        return self._references[self._reference_key(task)]
+
+    def _cached_reference(self, task: AttentionTask) -> Timing | None:
+        """A stored reference timing, trusted only if the file is ours alone and the entry is sane.
+        Only the deterministic compiler estimate is stored."""
+        if self.timing.name != "compiler_estimate":
+            return None
+        cache_file = self.cache_dir / _REFERENCE_CACHE_FILE
+        try:
+            for path in (cache_file.parent, cache_file):
+                st = path.stat()
+                if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+                    print(f"WARNING: ignoring {cache_file}: {path} is not owned by this user alone "
+                          "(writable by others); the reference is recompiled", file=sys.stderr)
+                    return None
+            entry = json.loads(cache_file.read_text()).get(self._reference_key(task))
+        except (OSError, ValueError, AttributeError):
+            return None
+        try:
+            cycles, latency = int(entry["cycles"]), float(entry["latency_s"])
+        except (TypeError, KeyError, ValueError):
+            return None
+        if cycles <= 0 or abs(latency - cycles / self.chip.clock_hz) > 1e-9 * latency:
+            return None
+        return Timing(latency, cycles=cycles)
+
+    def _store_reference(self, task: AttentionTask, timing: Timing) -> None:
+        cache_file = self.cache_dir / _REFERENCE_CACHE_FILE
+        try:
+            cache_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             data = json.loads(cache_file.read_text()) if cache_file.is_file() else {}
-            data[key] = {"latency_s": timing.latency_s, "cycles": timing.cycles}
+            data[self._reference_key(task)] = {"latency_s": timing.latency_s, "cycles": timing.cycles}
             tmp = cache_file.with_name(f"_{cache_file.name}.{os.getpid()}.tmp")
             tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+            os.chmod(tmp, 0o600)
             os.replace(tmp, cache_file)
         except (OSError, ValueError):
             pass   # a cache, nothing more
 
-    def _write_inputs(self, scratch: Path, task: AttentionTask, limit: int | None = None) -> list[str]:
+    @staticmethod
+    def _write_inputs(directory: Path, sets: list[tuple]) -> list[str]:
         dirs = []
-        for i, (qkv, _) in enumerate(self._ground_truth(task)[:limit]):
-            d = scratch / f"inputs{i}"
+        for i, qkv in enumerate(sets):
+            d = directory / f"inputs{i}"
             d.mkdir()
             for name, array in zip(("q", "k", "v"), qkv):
-                stored = array.view(np.uint16) if task.dtype == "bfloat16" else array
+                stored = array.view(np.uint16) if str(array.dtype) == "bfloat16" else array
                 np.save(d / f"{name}.npy", stored, allow_pickle=False)
             dirs.append(str(d))
         return dirs
@@ -247,62 +349,112 @@ class Judge:
         """Judge several sources in parallel, one sandboxed worker per core."""
         if not sources:
             return []
-        self.reference_timing(task)      # once, before the workers start
-        self._ground_truth(task)
+        self.reference_timing(task)      # once, before any candidate runs
         with concurrent.futures.ThreadPoolExecutor(self.config.workers) as pool:
             return list(pool.map(lambda s: self.evaluate(s, task), sources))
+
+    def _trace(self, source: str, task: AttentionTask) -> tuple[ChildOutcome, dict[str, bytes]]:
+        """Run the candidate in the jail; return what it said and the programs it exported."""
+        scratch = Path(tempfile.mkdtemp(prefix="pallas-evolve-cand-"))
+        try:
+            (scratch / "kernel.py").write_text(source)
+            if self.isolation.enabled:
+                os.chown(scratch, jail.NOBODY, jail.NOBODY)
+            request = {"kernel_path": str(scratch / "kernel.py"), "entry": self.config.entry,
+                       "task": dataclasses.asdict(task), "out_dir": str(scratch),
+                       "cpu_program": not self.on_tpu}
+            outcome = self._run("evaluator.worker", scratch, request, self._child_env(scratch),
+                                jailed=True)
+            programs = {}
+            for name, filename in PROGRAM_FILES.items():
+                blob = _read_regular(scratch / filename, _MAX_PROGRAM_BYTES)
+                if blob is not None:
+                    programs[name] = blob
+            return outcome, programs
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
 
     def _evaluate(self, source: str, task: AttentionTask) -> EvalResult:
         prov = self.provenance()
         screened = screen_source(source, entry=self.config.entry)
         if not screened.ok:
             return EvalResult(Status.FAIL_SCREEN, error=screened.error, stage="screen", provenance=prov)
-
+        reference = self.reference_timing(task)   # and the ground truth: before any candidate runs
         truth = self._ground_truth(task)
-        scratch = Path(tempfile.mkdtemp(prefix="pallas-evolve-"))
+
+        # 1. The jailed worker: trace once, export.
+        traced, programs = self._trace(source, task)
+        metrics = Metrics(sandbox_time_s=traced.wall_time_s)
+        failure = self._failure(traced)
+        needed = {"tpu"} if self.on_tpu else {"tpu", "cpu"}
+        if failure is None and set(programs) != needed:
+            failure = (Status.CRASH, "lower", "the worker finished without exporting its programs")
+        if failure is not None:
+            status, stage, error = failure
+            return EvalResult(status, error=error, stage=stage, metrics=metrics, provenance=prov,
+                              log_tail=traced.output[-4000:])
+
+        # 2. The trusted runner: audit, compile, run on the inputs.
+        private = _private_dir("run")
         try:
-            kernel_path = scratch / "kernel.py"
-            kernel_path.write_text(source)
-            input_dirs = self._write_inputs(scratch, task)
-            outcome = self._run_worker(scratch, task, "candidate", str(kernel_path), input_dirs)
+            paths = {}
+            for name, blob in programs.items():
+                paths[name] = str(private / PROGRAM_FILES[name])
+                Path(paths[name]).write_bytes(blob)
+            input_dirs = self._write_inputs(private, [g.qkv for g in truth])
+            outcome = self._run_runner(private, task, "candidate", paths, input_dirs)
             data = self._stage_data(outcome)
             compiled = data.get("compile", {})
-            metrics = Metrics(vmem_bytes=compiled.get("vmem_bytes"), copy_trap=compiled.get("copy_trap"),
-                              compile_time_s=compiled.get("compile_time_s"))
+            findings = data.get("audit", {}).get("findings", [])
+            metrics = dataclasses.replace(
+                metrics, vmem_bytes=compiled.get("vmem_bytes"), copy_trap=compiled.get("copy_trap"),
+                compile_time_s=compiled.get("compile_time_s"), runner_time_s=outcome.wall_time_s,
+                correctness_time_s=data.get("correctness", {}).get("correctness_time_s"))
             failure = self._failure(outcome)
             if failure is not None:
                 status, stage, error = failure
                 return EvalResult(status, error=error, stage=stage, metrics=metrics, provenance=prov,
                                   log_tail=outcome.output[-4000:])
 
-            # Correctness: the parent reads the outputs and compares them with its own reference.
-            atol, rtol = task.tolerance
+            # Correctness: this process compares the outputs with its own references.
             outputs = data.get("correctness", {}).get("outputs", [])
             if len(outputs) != len(truth):
-                return EvalResult(Status.CRASH, error="the worker did not return every output",
+                return EvalResult(Status.CRASH, error="the runner did not return every output",
                                   stage="correctness", metrics=metrics, provenance=prov)
-            worst_abs, worst_rel = 0.0, 0.0
-            for i, ((_, ref), (dist, seed)) in enumerate(zip(truth, self.config.correctness_inputs)):
+            atol, rtol = task.tolerance
+            worst = (0.0, 0.0, 0.0)
+            for i, g in enumerate(truth):
                 try:
-                    out = load_output(str(scratch / f"out{i}.npy"), outputs[i].get("dtype", ""))
+                    out = load_output(str(private / f"out{i}.npy"), outputs[i].get("dtype", ""))
                 except (OSError, ValueError) as exc:
                     return EvalResult(Status.FAIL_CORRECTNESS, error=f"unreadable output: {exc}",
                                       stage="correctness", metrics=metrics, provenance=prov)
-                cmp = compare(out, ref, expected_dtype=task.dtype, atol=atol, rtol=rtol,
-                              label=f"input {dist} seed {seed}")
-                worst_abs = max(worst_abs, cmp.max_abs_error or 0.0)
-                worst_rel = max(worst_rel, cmp.max_rel_error or 0.0)
+                cmp = compare(out, g.f32, expected_dtype=task.dtype, atol=atol, rtol=rtol,
+                              label=g.label, baseline=g.program_out,
+                              baseline_factor=self.config.reference_error_factor)
+                worst = (max(worst[0], cmp.max_abs_error or 0.0), max(worst[1], cmp.max_rel_error or 0.0),
+                         max(worst[2], cmp.baseline_abs_error or 0.0))
                 if not cmp.ok:
                     return EvalResult(Status.FAIL_CORRECTNESS, error=cmp.error, stage="correctness",
-                                      metrics=dataclasses.replace(metrics, max_abs_error=cmp.max_abs_error,
-                                                                  max_rel_error=cmp.max_rel_error),
+                                      metrics=dataclasses.replace(
+                                          metrics, max_abs_error=cmp.max_abs_error,
+                                          max_rel_error=cmp.max_rel_error,
+                                          reference_max_abs_error=cmp.baseline_abs_error),
                                       provenance=prov)
-            metrics = dataclasses.replace(metrics, max_abs_error=worst_abs, max_rel_error=worst_rel)
+            metrics = dataclasses.replace(metrics, max_abs_error=worst[0], max_rel_error=worst[1],
+                                          reference_max_abs_error=worst[2])
+
+            # Work the estimate cannot see is never counted as free.
+            blind = [f for f in findings if f.get("construct") in ESTIMATE_BLIND_SPOTS]
+            if blind and self.timing.name == "compiler_estimate":
+                return EvalResult(Status.FAIL_TIMING, stage="performance", metrics=metrics, provenance=prov,
+                                  error="correct, but the compiler estimate cannot time it: " + "; ".join(
+                                      f"{f['construct']} in {f['where']}: {f['detail']}" for f in blind))
 
             # Performance, by the same timing source for candidate and reference.
-            timing = self.timing.read(scratch, data, self.chip)
+            timing = self.timing.read(private, data, self.chip)
         finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+            shutil.rmtree(private, ignore_errors=True)
         if timing.latency_s is None:
             return EvalResult(Status.FAIL_TIMING, error=timing.error, stage="performance",
                               metrics=metrics, provenance=prov)

@@ -21,6 +21,7 @@ class Status(str, enum.Enum):
     OOM = "OOM"                            # the worker ran out of host memory
     SUSPECT = "SUSPECT"                    # correct, but faster than the roofline allows
     FAIL_TIMING = "FAIL_TIMING"            # correct, but no timing source could time it
+    FAIL_TRACE = "FAIL_TRACE"              # not one program the judge can both check and time
 
     @property
     def ok(self) -> bool:
@@ -47,6 +48,10 @@ class Metrics:
     compile_time_s: float | None = None
     max_abs_error: float | None = None
     max_rel_error: float | None = None
+    reference_max_abs_error: float | None = None        # the task's XLA program, same inputs
+    sandbox_time_s: float | None = None                # the jailed worker: start, load, trace, export
+    correctness_time_s: float | None = None            # running the CPU program on every input set
+    runner_time_s: float | None = None                 # the trusted runner: audit, compile, run
 
 
 @dataclasses.dataclass(frozen=True)

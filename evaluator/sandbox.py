@@ -270,3 +270,10 @@ class Reporter:
 
     def stage(self, name: str) -> None:
         self.send(event="stage", stage=name)
+
+    def error(self, stage: str, exc: BaseException) -> None:
+        import traceback
+
+        message = f"{type(exc).__name__}: {exc}"
+        self.send(event="error", stage=stage, kind=type(exc).__name__, message=message[:4000],
+                  traceback="".join(traceback.format_exception(exc))[-4000:])

@@ -1,5 +1,8 @@
 """Stage 1: a static screen of a candidate's source, before any of it runs.
 
+The screen is a fast first filter with clear messages, not the boundary: the operating system
+is (``jail.py``). Anything that slips past it still runs as ``nobody`` in its own namespaces.
+
 The screen parses the source with libcst and refuses, naming the construct and its line:
 imports outside an allow-list, calls of dangerous builtins, access to dunder attributes
 (the usual ways out of a restricted namespace), assignments to attributes of imported
@@ -9,6 +12,7 @@ modules, and ``global``/``nonlocal`` statements. It also checks the kernel inter
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
@@ -45,7 +49,12 @@ FORBIDDEN_NAMES = frozenset({"__builtins__", "__loader__", "__spec__", "builtins
 FORBIDDEN_ATTRIBUTES = frozenset({
     "save", "savez", "savez_compressed", "savetxt", "tofile", "fromfile", "memmap", "genfromtxt",
     "loadtxt", "ctypeslib", "DataSource", "f2py", "system", "popen", "compilation_cache", "profiler",
+    "dump", "dumps", "load", "fromregex", "open_memmap", "environ", "putenv", "modules", "sys", "os",
+    "builtins", "subprocess", "importlib", "ctypes", "callback", "pure_callback", "io_callback",
+    "platform_dependent",
 })
+# Modules of the standard library: `from typing import sys` must not smuggle one in.
+_STDLIB = frozenset(sys.stdlib_module_names)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +71,7 @@ class _Screen(cst.CSTVisitor):
         self.imported_modules: set[str] = set()   # local names bound to modules
         self.functions: dict[str, cst.FunctionDef] = {}
         self.depth = 0
+        self._not_references: set[int] = set()   # Name nodes that are attribute or keyword names
 
     def _flag(self, node: cst.CSTNode, what: str) -> None:
         line = self.get_metadata(PositionProvider, node).start.line
@@ -69,6 +79,10 @@ class _Screen(cst.CSTVisitor):
 
     # -- imports --------------------------------------------------------------------------
     def _check_module(self, node: cst.CSTNode, dotted: str) -> None:
+        private = [p for p in dotted.split(".") if p.startswith("_") and p != "__future__"]
+        if private:
+            self._flag(node, f"import of private module '{dotted}' is not allowed")
+            return
         if dotted in ALLOWED_TOPLEVEL:
             return
         if not _allowed(dotted):
@@ -93,6 +107,13 @@ class _Screen(cst.CSTVisitor):
         for alias in node.names:
             name = cst.helpers.get_full_name_for_node(alias.name) or ""
             full = f"{base}.{name}"
+            if name in _STDLIB and not _allowed(name) and base != "__future__":
+                self._flag(node, f"'from {base} import {name}' brings in the module '{name}', "
+                                 "which is not allowed")
+                continue
+            if name.startswith("_"):
+                self._flag(node, f"import of private name '{full}' is not allowed")
+                continue
             if base in ALLOWED_TOPLEVEL:
                 # `from jax import numpy` imports a module; `from jax import jit` a function.
                 if name not in JAX_TOPLEVEL_NAMES:
@@ -103,19 +124,45 @@ class _Screen(cst.CSTVisitor):
 
     # -- dangerous names and calls ----------------------------------------------------------
     def visit_Name(self, node: cst.Name) -> None:
+        if id(node) in self._not_references:
+            return
         if node.value in FORBIDDEN_NAMES:
             self._flag(node, f"use of '{node.value}' is not allowed")
+        elif node.value in FORBIDDEN_CALLS:
+            # Called or not: `_o = open` is as good as `open(...)`.
+            self._flag(node, f"use of the builtin '{node.value}' is not allowed")
 
     def visit_Call(self, node: cst.Call) -> None:
         if isinstance(node.func, cst.Name) and node.func.value in FORBIDDEN_CALLS:
+            self._not_references.add(id(node.func))
             self._flag(node, f"call of '{node.func.value}()' is not allowed")
 
+    def visit_Arg(self, node: cst.Arg) -> None:
+        if node.keyword is not None:
+            self._not_references.add(id(node.keyword))
+
+    def visit_Param(self, node: cst.Param) -> None:
+        self._not_references.add(id(node.name))
+
+    def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
+        for name in (node.name, node.asname.name if node.asname else None):
+            if isinstance(name, cst.Name):
+                self._not_references.add(id(name))
+
     def visit_Attribute(self, node: cst.Attribute) -> None:
+        self._not_references.add(id(node.attr))
         attr = node.attr.value
+        root = node.value
+        while isinstance(root, cst.Attribute):
+            root = root.value
         if attr.startswith("__") and attr.endswith("__"):
             self._flag(node, f"access to dunder attribute '.{attr}' is not allowed")
         elif attr in FORBIDDEN_ATTRIBUTES:
-            self._flag(node, f"use of '.{attr}' (file system or OS access) is not allowed")
+            self._flag(node, f"use of '.{attr}' (file system, OS or host access) is not allowed")
+        elif (attr.startswith("_") and isinstance(root, cst.Name)
+              and root.value in self.imported_modules):
+            self._flag(node, f"access to private attribute '.{attr}' of module '{root.value}' "
+                             "is not allowed")
 
     def visit_Global(self, node: cst.Global) -> None:
         self._flag(node, "'global' statements are not allowed")

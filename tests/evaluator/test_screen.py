@@ -50,3 +50,27 @@ def test_the_seed_and_jax_kernels_pass(seed_source):
 def test_the_kernel_interface_is_checked(source, message):
     result = screen_source(source)
     assert not result.ok and message in result.error
+
+
+@pytest.mark.parametrize("snippet, named", [
+    ("_o = open", "'open'"),
+    ("from typing import sys", "'sys'"),
+    ("import jax._src.path", "private module 'jax._src.path'"),
+    ("from jax._src import path", "private module 'jax._src'"),
+    ("import numpy as np\nx = np._core", "private attribute '._core'"),
+    ("import numpy as np\nnp.zeros(3).dump('/tmp/x')", ".dump"),
+    ("import numpy as np\nnp.zeros(3).tofile('/tmp/x')", ".tofile"),
+    ("import numpy as np\nnp.load('/etc/passwd')", ".load"),
+    ("import jax\ncb = jax.pure_callback", ".pure_callback"),
+    ("import jax\nb = jax.lax.platform_dependent", ".platform_dependent"),
+])
+def test_the_routes_an_outside_review_found_past_the_old_screen_are_named(snippet, named):
+    result = screen_source(snippet + OK_TAIL)
+    assert not result.ok
+    assert named in result.error and "line" in result.error
+
+
+def test_attribute_and_keyword_names_that_shadow_builtins_are_not_references():
+    src = "import jax\n\ndef flash_attention(q, k, v, *, causal=True, sm_scale=1.0, compile=None):\n" \
+          "    f = jax.jit(lambda x: x).lower(q).compile\n    return dict(open=q)['open']\n"
+    assert screen_source(src).ok, screen_source(src).error

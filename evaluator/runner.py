@@ -1,0 +1,165 @@
+"""The trusted runner: audits, compiles, checks and times the programs a jailed worker exported.
+
+Run as ``python -m evaluator.runner REQUEST.json`` by the judge, in a fresh process that never
+imports candidate code: it reads the worker's serialized programs as data (``jax.export``),
+with its own private directory for the compiler's profile dump (``LIBTPU_INIT_ARGS`` is set by
+the judge for this process alone). It produces facts (findings of the audit, compiler output,
+the program's outputs as files, raw timing samples); the verdict is the judge's.
+
+Request keys: ``mode`` ("candidate" or "reference"), ``programs`` ({"tpu": path, "cpu": path}),
+``task`` (AttentionTask fields), ``topology``, ``on_tpu``, ``inputs`` (input-set directories),
+``out_dir``, ``timing`` ({"warmup": n, "iters": n} or null), ``refuse`` (audit constructs that
+end the run).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+
+from evaluator.sandbox import Reporter
+
+_VMEM_RE = re.compile(r'"used_scoped_memory_configs":\[(.*?)\]')
+_SIZE_RE = re.compile(r'"size":"(\d+)"')
+_COPY_RE = re.compile(r"\bcopy(-start)?\(")
+
+
+class Refused(Exception):
+    """The audit found a construct the judge cannot time or trust."""
+
+
+def _hlo_facts(hlo_text: str) -> dict:
+    vmem = 0
+    for configs in _VMEM_RE.findall(hlo_text):
+        vmem += sum(int(size) for size in _SIZE_RE.findall(configs))
+    return {"vmem_bytes": vmem if _VMEM_RE.search(hlo_text) else None,
+            "copy_trap": bool(_COPY_RE.search(hlo_text)),
+            "custom_calls": hlo_text.count("tpu_custom_call")}
+
+
+def _read_input(directory: str, name: str, dtype: str):
+    import ml_dtypes
+    import numpy as np
+
+    raw = np.load(f"{directory}/{name}.npy", allow_pickle=False)
+    return raw.view(ml_dtypes.bfloat16) if dtype == "bfloat16" else raw
+
+
+def _write_output(path: str, out) -> dict:
+    import numpy as np
+
+    array = np.asarray(out)
+    dtype = str(array.dtype)
+    stored = array.view(np.uint16) if dtype == "bfloat16" else array
+    np.save(path, np.ascontiguousarray(stored), allow_pickle=False)
+    return {"dtype": dtype, "shape": list(array.shape)}
+
+
+def _load_program(path: str, platform: str, shape: tuple, dtype):
+    """A worker's exported program, checked against the task's signature."""
+    from jax import export
+
+    with open(path, "rb") as fh:
+        exported = export.deserialize(bytearray(fh.read()))
+    if tuple(exported.platforms) != (platform,):
+        raise Refused(f"refused: the {platform} program was exported for platforms "
+                      f"{tuple(exported.platforms)}")
+    avals = [(tuple(a.shape), str(a.dtype)) for a in exported.in_avals]
+    if avals != [(shape, str(dtype))] * 3:
+        raise Refused(f"refused: the {platform} program takes {avals}, not q, k, v of {shape} {dtype}")
+    return exported
+
+
+def main(request_path: str) -> int:
+    reporter = Reporter()
+    with open(request_path) as fh:
+        req = json.load(fh)
+    task = req["task"]
+    shape = (task["batch"], task["heads"], task["seq_len"], task["head_dim"])
+
+    stage = "load"
+    try:
+        reporter.stage(stage)
+        import jax
+        import jax.numpy as jnp
+        from jax.sharding import SingleDeviceSharding
+
+        dtype = jnp.dtype(task["dtype"])
+        if req["mode"] == "reference":
+            from seeds.flash_attention.task import AttentionTask, reference_program
+
+            tpu_fn = cpu_fn = reference_program(AttentionTask(**task))
+        else:
+            stage = "audit"
+            reporter.stage(stage)
+            from evaluator.kernel_audit import audit_exported
+
+            programs = {name: _load_program(path, name, shape, dtype)
+                        for name, path in req["programs"].items()}
+            findings = [f for p in programs.values() for f in audit_exported(p)]
+            reporter.send(event="stage_ok", stage=stage,
+                          data={"findings": [f.__dict__ for f in findings]})
+            fatal = [f for f in findings if f.construct in set(req["refuse"])]
+            if fatal:
+                raise Refused("; ".join(f"{f.construct} in {f.where}: {f.detail}" for f in fatal))
+            tpu_fn = programs["tpu"].call
+            cpu_fn = programs["cpu"].call if "cpu" in programs else None
+
+        compiled = device = None
+        if req.get("compile", True):   # the reference's figure may come from the judge's cache
+            stage = "compile"
+            reporter.stage(stage)
+            if req["on_tpu"]:
+                device = jax.devices()[0]
+            else:
+                from jax.experimental import topologies
+
+                device = topologies.get_topology_desc(
+                    topology_name=req["topology"], platform="tpu").devices[0]
+            spec = jax.ShapeDtypeStruct(shape, dtype, sharding=SingleDeviceSharding(device))
+            t0 = time.perf_counter()
+            compiled = jax.jit(tpu_fn).lower(spec, spec, spec).compile()
+            facts = _hlo_facts(compiled.as_text())
+            facts["compile_time_s"] = time.perf_counter() - t0
+            reporter.send(event="stage_ok", stage=stage, data=facts)
+
+        stage = "correctness"
+        reporter.stage(stage)
+        t0 = time.perf_counter()
+        outputs = []
+        run_cpu = None if req["on_tpu"] else jax.jit(cpu_fn)
+        for i, directory in enumerate(req["inputs"]):
+            args = [_read_input(directory, name, task["dtype"]) for name in ("q", "k", "v")]
+            if run_cpu is None:
+                out = compiled(*[jax.device_put(a, device) for a in args])
+            else:
+                out = run_cpu(*[jnp.asarray(a) for a in args])
+            jax.block_until_ready(out)
+            outputs.append(_write_output(f"{req['out_dir']}/out{i}.npy", out))
+        reporter.send(event="stage_ok", stage=stage,
+                      data={"outputs": outputs, "correctness_time_s": time.perf_counter() - t0})
+
+        if req["on_tpu"] and req.get("timing"):
+            stage = "timing"
+            reporter.stage(stage)
+            args = [jax.device_put(_read_input(req["inputs"][0], n, task["dtype"]), device)
+                    for n in ("q", "k", "v")]
+            for _ in range(req["timing"]["warmup"]):
+                jax.block_until_ready(compiled(*args))
+            samples = []
+            for _ in range(req["timing"]["iters"]):
+                t0 = time.perf_counter()
+                jax.block_until_ready(compiled(*args))
+                samples.append(time.perf_counter() - t0)
+            reporter.send(event="stage_ok", stage=stage, data={"samples_s": samples})
+    except BaseException as exc:  # noqa: BLE001 - everything is reported, nothing escapes
+        reporter.error(stage, exc)
+        return 1
+    reporter.send(event="done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,127 @@
+"""One traced program: the candidate is traced once, and both programs the judge needs come
+from that one jaxpr.
+
+The jailed worker (``worker.py``) traces the candidate's entry point exactly once into a closed
+jaxpr. From that jaxpr, without running any candidate Python again, it exports (``jax.export``)
+
+* the **TPU program**: every ``pallas_call`` lowered by Mosaic for the TPU, which the trusted
+  runner compiles for the topology (and times);
+* the **CPU program**: the same jaxpr with every ``pallas_call`` switched to Pallas' HLO
+  interpreter (``interpret=True``: a plain XLA loop over the grid, scratch and outputs filled
+  with NaN before first use), which the trusted runner executes on the inputs (and checks).
+
+A kernel that behaves differently "on TPU" and "elsewhere", or by how often it was called, has
+nothing to branch on: there is one trace. What cannot be one program is refused here with a
+message (``platform_dependent``, host callbacks, effects); the trusted runner audits the
+exported programs again (``kernel_audit.py``), since nothing this process says can be trusted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+# Primitives that make a program depend on where or how it runs, or on the host.
+_REFUSED = {
+    "platform_index": "jax.lax.platform_dependent: the program would branch on the platform, so the "
+                      "program checked on the CPU would not be the program timed on the TPU",
+    "pure_callback": "a host callback (jax.pure_callback): work done on the host, outside the "
+                     "kernel, that no TPU estimate can see",
+    "io_callback": "a host callback (io_callback): work done on the host, outside the kernel",
+    "debug_callback": "a host callback (jax.debug.callback / jax.debug.print)",
+    "callback": "a host callback",
+}
+
+
+class Refused(Exception):
+    """The candidate cannot be traced into one program that the judge can both time and check."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Programs:
+    """The two serialized exports of one traced program."""
+
+    tpu: bytes
+    cpu: bytes | None
+    primitives: tuple[str, ...]
+
+
+def _subjaxprs(params: dict) -> Iterator:
+    from jax._src import core as jcore
+
+    for value in params.values():
+        values = value if isinstance(value, (tuple, list)) else (value,)
+        for v in values:
+            if isinstance(v, jcore.ClosedJaxpr):
+                yield v.jaxpr
+            elif isinstance(v, jcore.Jaxpr):
+                yield v
+
+
+def primitives(jaxpr) -> set[str]:
+    """Every primitive in a jaxpr, kernels and sub-jaxprs included."""
+    found: set[str] = set()
+    stack = [jaxpr]
+    while stack:
+        j = stack.pop()
+        for eqn in j.eqns:
+            found.add(eqn.primitive.name)
+            stack.extend(_subjaxprs(eqn.params))
+    return found
+
+
+def check(closed) -> None:
+    """Refuse what cannot be one program: platform branches, host callbacks, side effects."""
+    names = primitives(closed.jaxpr)
+    for name, why in _REFUSED.items():
+        if name in names:
+            raise Refused(f"refused: {why}")
+    if closed.effects:
+        raise Refused(f"refused: the program has side effects ({', '.join(map(str, closed.effects))}); "
+                      "a kernel must be a pure function of q, k and v")
+
+
+def with_interpret(jaxpr, interpret):
+    """A copy of ``jaxpr`` whose every ``pallas_call`` (at any depth) has ``interpret`` set."""
+    from jax._src import core as jcore
+    from jax._src.pallas.pallas_call import pallas_call_p
+
+    eqns = []
+    for eqn in jaxpr.eqns:
+        params = dict(eqn.params)
+        if eqn.primitive is pallas_call_p:
+            params["interpret"] = interpret
+        else:
+            for key, value in params.items():
+                if isinstance(value, jcore.ClosedJaxpr):
+                    params[key] = jcore.ClosedJaxpr(with_interpret(value.jaxpr, interpret), value.consts)
+                elif isinstance(value, jcore.Jaxpr):
+                    params[key] = with_interpret(value, interpret)
+        eqns.append(eqn.replace(params=params))
+    return jaxpr.replace(eqns=eqns)
+
+
+def _export(closed, interpret, platform: str, args) -> bytes:
+    import jax
+    from jax import export
+    from jax._src import core as jcore
+
+    jaxpr = with_interpret(closed.jaxpr, interpret)
+    single = len(jaxpr.outvars) == 1
+
+    def program(*xs):
+        outs = jcore.eval_jaxpr(jaxpr, closed.consts, *xs)
+        return outs[0] if single else tuple(outs)
+
+    return export.export(jax.jit(program), platforms=[platform])(*args).serialize()
+
+
+def trace_and_export(fn, args, *, cpu: bool = True) -> Programs:
+    """Trace ``fn`` once on ``args`` (ShapeDtypeStructs) and export its TPU (and CPU) program."""
+    import jax
+
+    closed = jax.make_jaxpr(fn)(*args)
+    check(closed)
+    tpu = _export(closed, False, "tpu", args)
+    cpu_program = _export(closed, True, "cpu", args) if cpu else None
+    return Programs(tpu, cpu_program, tuple(sorted(primitives(closed.jaxpr))))
