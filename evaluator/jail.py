@@ -3,7 +3,7 @@
 The sandbox starts a candidate's worker as
 
     unshare --pid --fork --kill-child=SIGKILL --mount-proc --net --mount --ipc --uts \
-        python -m evaluator.jail SCRATCH -- python -m evaluator.worker REQUEST
+        python -I .../evaluator/jail.py SCRATCH -- python -m evaluator.worker REQUEST
 
 ``unshare`` gives the worker its own PID namespace (it sees no process but its own; when the
 namespace's first process dies, the kernel kills every process in it, whatever it forked or
@@ -48,7 +48,8 @@ class Isolation:
         """The command that runs ``argv`` jailed with ``scratch`` as its only writable place."""
         if not self.enabled:
             return argv
-        return [*_unshare_prefix(), sys.executable, "-m", "evaluator.jail", scratch, "--", *argv]
+        # Run as a file with -I: the launcher imports nothing but the standard library.
+        return [*_unshare_prefix(), sys.executable, "-I", os.path.abspath(__file__), scratch, "--", *argv]
 
 
 def _unshare_prefix() -> list[str]:
@@ -126,11 +127,12 @@ def _plan(scratch: str) -> tuple[list[str], list[str]]:
     keep = [os.path.realpath(p) for p in (scratch, sys.base_prefix, sys.prefix, root)]
     cover = [t for t in _PRIVATE_MOUNTS if os.path.isdir(t)]
     cover += [a for a in map(_hidden_ancestor, keep) if a]
-    cover = sorted(set(cover), key=len)
 
     def inside(path: str, others: list[str]) -> bool:
         return any(path != o and path.startswith(o.rstrip("/") + "/") for o in others)
 
+    cover = sorted(set(cover), key=len)
+    cover = [c for i, c in enumerate(cover) if not inside(c, cover[:i])]   # covered already
     keep = [k for k in sorted(set(keep), key=len) if not inside(k, keep)
             and any(k.startswith(c.rstrip("/") + "/") for c in cover)]
     return cover, keep
@@ -158,7 +160,7 @@ def enter(scratch: str) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[1] != "--":
-        print("usage: python -m evaluator.jail SCRATCH -- COMMAND...", file=sys.stderr)
+        print("usage: python -I evaluator/jail.py SCRATCH -- COMMAND...", file=sys.stderr)
         return 2
     enter(argv[0])
     os.execv(argv[2], argv[2:])

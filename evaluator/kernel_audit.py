@@ -66,7 +66,7 @@ def audit_exported(exported) -> list[Finding]:
                                         "loop body once and cannot know which branch runs"))
         for body in _mosaic_bodies(text):
             findings.extend(_audit_mosaic(body))
-    return findings
+    return list(dict.fromkeys(findings))   # one line per construct and place
 
 
 def _mosaic_bodies(text: str) -> list[bytes | None]:

@@ -35,6 +35,7 @@ EXPECTED = {
     "c4_pure_callback": (Status.FAIL_TRACE, "host callback"),
     "c5_when_on_prefetched_flag": (Status.FAIL_TIMING, "data_dependent_branch"),
     "c5_xla_loop_over_heads": (Status.FAIL_TIMING, "xla_loop"),
+    "c5_prefetch_loop_bound": (Status.FAIL_TIMING, "data_dependent_loop"),
     "c6_cache_and_setsid": (Status.PASS, ""),
     "c7_bf16_accumulation": (Status.FAIL_CORRECTNESS, "less precise"),
 }
