@@ -70,8 +70,11 @@ def format_table(result: EvalResult, path: str, task) -> str:
         ("regime", m.regime or "-"),
         ("VMEM used", "-" if m.vmem_bytes is None else f"{m.vmem_bytes / 1024:.0f} KiB"),
         ("copy trap", "-" if m.copy_trap is None else ("yes" if m.copy_trap else "no")),
-        ("max abs error", fmt(m.max_abs_error, digits=3)),
+        ("max abs error", fmt(m.max_abs_error, digits=3)
+         + f" (the task's XLA program: {fmt(m.reference_max_abs_error, digits=3)})"),
+        ("jailed trace + export", fmt(m.sandbox_time_s, " s", digits=3)),
         ("compile time", fmt(m.compile_time_s, " s", digits=3)),
+        ("correctness run", fmt(m.correctness_time_s, " s", digits=3)),
         ("evaluation wall time", f"{result.wall_time_s:.1f} s"),
     ]
     width = max(len(k) for k, _ in rows)
