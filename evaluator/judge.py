@@ -216,10 +216,13 @@ class Judge:
              jailed: bool) -> ChildOutcome:
         (directory / "request.json").write_text(json.dumps(request))
         argv = [sys.executable, "-m", module, str(directory / "request.json")]
-        if jailed:
+        budgets = self.config.budgets
+        total = None
+        if jailed:   # the worker only loads and traces: it gets those two budgets, in all
             argv = self.isolation.wrap(argv, str(directory))
-        outcome = run_child(argv, cwd=str(directory), env=env, budgets=self.config.budgets.as_dict(),
-                            default_budget=self.config.budgets.load_s, limits=self.config.limits)
+            total = budgets.load_s + budgets.lower_s
+        outcome = run_child(argv, cwd=str(directory), env=env, budgets=budgets.as_dict(),
+                            default_budget=budgets.load_s, limits=self.config.limits, total_budget=total)
         if self.on_tpu and not jailed and outcome.returncode != 0:
             Path("/tmp/libtpu_lockfile").unlink(missing_ok=True)   # a killed runner's leftover
         return outcome

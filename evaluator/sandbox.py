@@ -203,11 +203,14 @@ class _ProtocolReader(threading.Thread):
 
 
 def run_child(argv: list[str], *, cwd: str, env: dict[str, str], budgets: dict[str, float],
-              default_budget: float, limits: Limits = Limits(), poll_s: float = 0.05) -> ChildOutcome:
+              default_budget: float, limits: Limits = Limits(), poll_s: float = 0.05,
+              total_budget: float | None = None) -> ChildOutcome:
     """Run ``argv`` sandboxed; each stage it announces gets ``budgets[stage]`` seconds.
 
     The child announces a stage with a protocol line ``{"event": "stage", "stage": NAME}``;
-    time before its first announcement counts against ``default_budget``.
+    time before its first announcement counts against ``default_budget``. However it announces
+    stages, the child never gets more than ``total_budget`` seconds in all (by default the sum
+    of every budget): a child that keeps announcing new stages cannot run forever.
     """
     if _SHUTTING_DOWN.is_set():
         raise Interrupted("shutting down")
@@ -229,6 +232,8 @@ def run_child(argv: list[str], *, cwd: str, env: dict[str, str], budgets: dict[s
     protocol.start()
 
     stage, deadline, timed_out = None, start + default_budget, None
+    last_call = start + (total_budget if total_budget is not None
+                         else default_budget + sum(budgets.values()))
     try:
         while proc.poll() is None:
             events = protocol.snapshot()
@@ -236,7 +241,7 @@ def run_child(argv: list[str], *, cwd: str, env: dict[str, str], budgets: dict[s
             if starts and starts[-1].get("stage") != stage:
                 stage = str(starts[-1].get("stage"))
                 deadline = time.monotonic() + budgets.get(stage, default_budget)
-            if time.monotonic() > deadline:
+            if time.monotonic() > min(deadline, last_call):
                 timed_out = stage or "start"
                 break
             time.sleep(poll_s)

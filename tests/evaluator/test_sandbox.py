@@ -127,3 +127,15 @@ def test_the_environment_is_scrubbed(tmp_path, monkeypatch):
         open({str(secret)!r}, "w").write(os.environ.get("AWS_SECRET_ACCESS_KEY", "none"))
     """)
     assert secret.read_text() == "none"
+
+
+def test_announcing_new_stages_forever_does_not_buy_more_time(tmp_path):
+    start = time.monotonic()
+    out = run_script(tmp_path, """
+        import time, itertools
+        for i in itertools.count():
+            stage(f"stage{i}")   # every new stage would reset a per-stage deadline
+            time.sleep(0.5)
+    """, budget=1.0)
+    assert out.timed_out_stage is not None
+    assert time.monotonic() - start < 2 * 1.0 + 5.0   # default + the one named budget, in all
