@@ -233,7 +233,12 @@ class Judge:
                    "topology": self.chip.topology, "on_tpu": self.on_tpu, "inputs": input_dirs,
                    "out_dir": str(private), "timing": self.timing.worker_request(),
                    "refuse": list(TRACE_REFUSALS), "compile": compile_tpu}
-        return self._run("evaluator.runner", private, request, self._runner_env(private), jailed=False)
+        # Defence in depth: the runner parses programs a candidate produced. Off a TPU host it is
+        # jailed too (it needs no device); its private dir is hidden from workers by their mounts.
+        jailed = self.isolation.enabled and not self.on_tpu
+        if jailed:
+            os.chown(private, jail.NOBODY, jail.NOBODY)
+        return self._run("evaluator.runner", private, request, self._runner_env(private), jailed=jailed)
 
     # ---- trusted inputs and references --------------------------------------------------------
     def _ground_truth(self, task: AttentionTask) -> list[GroundTruth]:
