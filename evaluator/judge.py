@@ -8,8 +8,8 @@ Two children per candidate, one after the other:
    (``jail.py``: own PID, network and mount namespaces, user ``nobody``, only its scratch
    directory writable), it traces the candidate once and exports that one program for the TPU
    and for the CPU interpreter (``traced.py``). It never sees the inputs.
-2. the **runner** (``runner.py``), trusted code only, started after the worker's namespace is
-   gone: it audits the exported programs (``kernel_audit.py``), compiles the TPU program with
+2. the **runner** (``runner.py``), trusted code only (jailed too off a TPU host), started after
+   the worker's namespace is gone: it audits the exported programs (``kernel_audit.py``), compiles the TPU program with
    the profile dump in a directory of its own, and runs the CPU program on the inputs.
 
 The reference, the inputs, the comparison and the verdict stay in this process.
