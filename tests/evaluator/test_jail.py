@@ -61,3 +61,19 @@ def test_the_fallback_says_why(monkeypatch):
         assert isolation.wrap(["x"], "/tmp") == ["x"]
     finally:
         jail.probe.cache_clear()
+
+
+def test_a_judge_without_a_jail_says_so_once_loudly(monkeypatch, tmp_path, capsys):
+    from evaluator import judge as judge_module
+
+    jail.probe.cache_clear()
+    monkeypatch.setenv("PALLAS_EVOLVE_NO_JAIL", "1")
+    monkeypatch.setattr(judge_module, "_WARNED", set())
+    try:
+        for _ in range(2):
+            j = judge_module.Judge(judge_module.JudgeConfig(cache_dir=str(tmp_path)))
+            assert not j.isolation.enabled
+    finally:
+        jail.probe.cache_clear()
+    err = capsys.readouterr().err
+    assert err.count("WITHOUT operating-system isolation") == 1 and "PALLAS_EVOLVE_NO_JAIL" in err
