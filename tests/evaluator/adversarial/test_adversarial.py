@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from evaluator import jail
 from evaluator import judge as judge_module
 from evaluator.judge import Judge, JudgeConfig
 from evaluator.result import Status
@@ -23,6 +24,10 @@ from seeds.flash_attention.task import AttentionTask
 CANDIDATES = Path(__file__).resolve().parent / "candidates"
 SEED = Path(__file__).resolve().parents[3] / "seeds" / "flash_attention" / "kernel.py"
 TASK = AttentionTask(batch=1, heads=2, seq_len=512, head_dim=128)   # the review's shape
+# What the operating system enforces needs the jail (root and util-linux `unshare`); without it
+# the judge falls back to process limits, loudly, and these guarantees do not hold.
+needs_jail = pytest.mark.skipif(not jail.probe().enabled, reason=f"no jail here: {jail.probe().reason}")
+JAILED = {"c2_profile_rewrite", "c3_escape_files", "c6_cache_and_setsid"}
 MARKERS = ("/tmp/pallas-evolve-adversarial-marker*", "/root/pallas-evolve-adversarial-marker*")
 
 # candidate -> (status, a phrase the verdict must carry)
@@ -70,6 +75,8 @@ def test_every_candidate_has_a_file_and_every_class_a_candidate():
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_each_candidate_is_refused_or_honestly_scored(verdicts, name):
     status, phrase = EXPECTED[name]
+    if name in JAILED and not jail.probe().enabled:
+        pytest.skip("needs the jail")
     result = verdicts["results"][name]
     assert result.status is status, (result.status, result.error)
     assert phrase in result.error
@@ -79,6 +86,7 @@ def test_each_candidate_is_refused_or_honestly_scored(verdicts, name):
         assert result.metrics.speedup_vs_reference == seed.metrics.speedup_vs_reference
 
 
+@needs_jail
 def test_the_seed_scores_the_same_after_the_suite(verdicts):
     seed = verdicts["results"]["seed"]
     assert seed.status is Status.PASS, seed.error
@@ -86,6 +94,7 @@ def test_the_seed_scores_the_same_after_the_suite(verdicts):
     assert verdicts["cache"][0] == verdicts["cache"][1], "a candidate rewrote the reference cache"
 
 
+@needs_jail
 def test_nothing_escaped_the_jail(verdicts):
     assert verdicts["results"]["c3_escape_files"].status is Status.PASS
     assert not [p for pattern in MARKERS for p in glob.glob(pattern)], "a candidate wrote outside its jail"
