@@ -74,3 +74,26 @@ def test_workers_get_a_private_home_and_no_compilation_cache(strict_judge, tmp_p
     assert env["HOME"] == env["TMPDIR"] == str(tmp_path)
     assert not any("CACHE" in key for key in env)
     assert not any(key.startswith(("AWS_", "GOOGLE_", "MLFLOW_")) for key in env)
+
+
+def test_a_cached_reference_is_checked_before_it_is_trusted(tmp_path, capsys):
+    import json
+    import os
+
+    judge = Judge(JudgeConfig(cache_dir=str(tmp_path)))
+    key = judge._reference_key(TINY)
+    cycles = 3413
+    good = {key: {"cycles": cycles, "latency_s": cycles / judge.chip.clock_hz}}
+    cache = tmp_path / "reference_timings.json"
+    cache.write_text(json.dumps(good))
+    os.chmod(tmp_path, 0o700)
+    os.chmod(cache, 0o600)
+    assert judge._cached_reference(TINY).cycles == cycles
+    # An entry whose latency does not follow from its cycles (a hand-inflated reference) is not used.
+    cache.write_text(json.dumps({key: {"cycles": cycles, "latency_s": 1.0}}))
+    assert judge._cached_reference(TINY) is None
+    # Nor is a cache that someone else could have written.
+    cache.write_text(json.dumps(good))
+    os.chmod(cache, 0o666)
+    assert judge._cached_reference(TINY) is None
+    assert "writable by others" in capsys.readouterr().err
