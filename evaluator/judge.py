@@ -212,20 +212,16 @@ class Judge:
         env.update(self.timing.worker_env(private))
         return env
 
-    def _run(self, module: str, directory: Path, request: dict, env: dict[str, str],
-             jailed: bool) -> ChildOutcome:
+    def _run(self, module: str, directory: Path, request: dict, env: dict[str, str], *,
+             jailed: bool, total_budget: float | None = None) -> ChildOutcome:
         (directory / "request.json").write_text(json.dumps(request))
         argv = [sys.executable, "-m", module, str(directory / "request.json")]
-        budgets = self.config.budgets
-        total = None
-        if jailed:   # the worker only loads and traces: it gets those two budgets, in all
+        if jailed:
             argv = self.isolation.wrap(argv, str(directory))
-            total = budgets.load_s + budgets.lower_s
-        outcome = run_child(argv, cwd=str(directory), env=env, budgets=budgets.as_dict(),
-                            default_budget=budgets.load_s, limits=self.config.limits, total_budget=total)
-        if self.on_tpu and not jailed and outcome.returncode != 0:
-            Path("/tmp/libtpu_lockfile").unlink(missing_ok=True)   # a killed runner's leftover
-        return outcome
+        budgets = self.config.budgets
+        return run_child(argv, cwd=str(directory), env=env, budgets=budgets.as_dict(),
+                         default_budget=budgets.load_s, limits=self.config.limits,
+                         total_budget=total_budget)
 
     def _run_runner(self, private: Path, task: AttentionTask, mode: str, programs: dict[str, str],
                     input_dirs: list[str], compile_tpu: bool = True) -> ChildOutcome:
@@ -238,7 +234,10 @@ class Judge:
         jailed = self.isolation.enabled and not self.on_tpu
         if jailed:
             os.chown(private, jail.NOBODY, jail.NOBODY)
-        return self._run("evaluator.runner", private, request, self._runner_env(private), jailed=jailed)
+        outcome = self._run("evaluator.runner", private, request, self._runner_env(private), jailed=jailed)
+        if self.on_tpu and outcome.returncode != 0:
+            Path("/tmp/libtpu_lockfile").unlink(missing_ok=True)   # a killed runner's leftover
+        return outcome
 
     # ---- trusted inputs and references --------------------------------------------------------
     def _ground_truth(self, task: AttentionTask) -> list[GroundTruth]:
@@ -371,8 +370,10 @@ class Judge:
             request = {"kernel_path": str(scratch / "kernel.py"), "entry": self.config.entry,
                        "task": dataclasses.asdict(task), "out_dir": str(scratch),
                        "cpu_program": not self.on_tpu}
+            # The worker only loads and traces: it gets those two budgets, in all.
+            budgets = self.config.budgets
             outcome = self._run("evaluator.worker", scratch, request, self._child_env(scratch),
-                                jailed=True)
+                                jailed=True, total_budget=budgets.load_s + budgets.lower_s)
             programs = {}
             for name, filename in PROGRAM_FILES.items():
                 blob = _read_regular(scratch / filename, _MAX_PROGRAM_BYTES)
