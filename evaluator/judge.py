@@ -6,11 +6,13 @@ Two children per candidate, one after the other:
 
 1. the **worker** (``worker.py``), the only process that runs candidate code: jailed
    (``jail.py``: own PID, network and mount namespaces, user ``nobody``, only its scratch
-   directory writable), it traces the candidate once and exports that one program for the TPU
-   and for the CPU interpreter (``traced.py``). It never sees the inputs.
+   directory writable), it traces the candidate once and ships that jaxpr as data (``wire.py``).
+   It never lowers a program and never sees the inputs.
 2. the **runner** (``runner.py``), trusted code only (jailed too off a TPU host), started after
-   the worker's namespace is gone: it audits the exported programs (``kernel_audit.py``), compiles the TPU program with
-   the profile dump in a directory of its own, and runs the CPU program on the inputs.
+   the worker's namespace is gone: it rebuilds the jaxpr from data, lowers it for the TPU and for
+   the CPU interpreter (``traced.py``), audits both (``kernel_audit.py``), compiles the TPU
+   program with the profile dump in a directory of its own, and runs the CPU program on the
+   inputs.
 
 The reference, the inputs, the comparison and the verdict stay in this process.
 """
@@ -34,7 +36,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from evaluator import jail
+from evaluator import jail, wire
 from evaluator.chips import Chip, get_chip
 from evaluator.compare import compare, load_output
 from evaluator.result import EvalResult, Metrics, Provenance, Status
@@ -43,12 +45,11 @@ from evaluator.sandbox import ChildOutcome, Limits, run_child
 from evaluator.screen import screen_source
 from evaluator.timing import Timing, TimingSource, get_timing_source
 from evaluator.versions import versions
-from evaluator.worker import PROGRAM_FILES
+from evaluator.worker import PROGRAM_FILE
 from seeds.flash_attention.task import CORRECTNESS_INPUTS, AttentionTask, make_inputs, reference_f32
 
 _ROOT = Path(__file__).resolve().parent.parent
 _REFERENCE_CACHE_FILE = "reference_timings.json"
-_MAX_PROGRAM_BYTES = 64 << 20
 # Constructs that cannot be one checked-and-timed program, whatever times it: refused outright.
 TRACE_REFUSALS = ("host_callback", "unknown_custom_call", "effects", "multi_platform")
 # Constructs the compiler's static estimate cannot count: such a kernel may be correct, but its
@@ -156,7 +157,7 @@ def classify_error(stage: str, kind: str, message: str) -> Status:
         return Status.FAIL_VMEM
     if kind == "MemoryError" or any(k in low for k in ("bad_alloc", "cannot allocate memory")):
         return Status.OOM
-    if kind == "Refused":
+    if kind in ("Refused", "WireError"):
         return Status.FAIL_TRACE
     return {"load": Status.FAIL_LOWER, "lower": Status.FAIL_LOWER, "compile": Status.FAIL_COMPILE,
             "correctness": Status.FAIL_CORRECTNESS, "timing": Status.CRASH}.get(stage, Status.CRASH)
@@ -223,9 +224,9 @@ class Judge:
                          default_budget=budgets.load_s, limits=self.config.limits,
                          total_budget=total_budget)
 
-    def _run_runner(self, private: Path, task: AttentionTask, mode: str, programs: dict[str, str],
+    def _run_runner(self, private: Path, task: AttentionTask, mode: str, program: str | None,
                     input_dirs: list[str], compile_tpu: bool = True) -> ChildOutcome:
-        request = {"mode": mode, "programs": programs, "task": dataclasses.asdict(task),
+        request = {"mode": mode, "program": program, "task": dataclasses.asdict(task),
                    "topology": self.chip.topology, "on_tpu": self.on_tpu, "inputs": input_dirs,
                    "out_dir": str(private), "timing": self.timing.worker_request(),
                    "refuse": list(TRACE_REFUSALS), "compile": compile_tpu}
@@ -257,7 +258,7 @@ class Judge:
         private = _private_dir("ref")
         try:
             inputs = self._write_inputs(private, [g.qkv for g in sets])
-            outcome = self._run_runner(private, task, "reference", {}, inputs,
+            outcome = self._run_runner(private, task, "reference", None, inputs,
                                        compile_tpu=timing is None or self.on_tpu)
             failure = self._failure(outcome)
             if failure is not None:
@@ -360,26 +361,20 @@ class Judge:
         with concurrent.futures.ThreadPoolExecutor(self.config.workers) as pool:
             return list(pool.map(lambda s: self.evaluate(s, task), sources))
 
-    def _trace(self, source: str, task: AttentionTask) -> tuple[ChildOutcome, dict[str, bytes]]:
-        """Run the candidate in the jail; return what it said and the programs it exported."""
+    def _trace(self, source: str, task: AttentionTask) -> tuple[ChildOutcome, bytes | None]:
+        """Run the candidate in the jail; return what it said and the jaxpr it traced (as data)."""
         scratch = Path(tempfile.mkdtemp(prefix="pallas-evolve-cand-"))
         try:
             (scratch / "kernel.py").write_text(source)
             if self.isolation.enabled:
                 os.chown(scratch, jail.NOBODY, jail.NOBODY)
             request = {"kernel_path": str(scratch / "kernel.py"), "entry": self.config.entry,
-                       "task": dataclasses.asdict(task), "out_dir": str(scratch),
-                       "cpu_program": not self.on_tpu}
+                       "task": dataclasses.asdict(task), "out_dir": str(scratch)}
             # The worker only loads and traces: it gets those two budgets, in all.
             budgets = self.config.budgets
             outcome = self._run("evaluator.worker", scratch, request, self._child_env(scratch),
                                 jailed=True, total_budget=budgets.load_s + budgets.lower_s)
-            programs = {}
-            for name, filename in PROGRAM_FILES.items():
-                blob = _read_regular(scratch / filename, _MAX_PROGRAM_BYTES)
-                if blob is not None:
-                    programs[name] = blob
-            return outcome, programs
+            return outcome, _read_regular(scratch / PROGRAM_FILE, wire.MAX_BYTES)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
@@ -391,27 +386,24 @@ class Judge:
         reference = self.reference_timing(task)   # and the ground truth: before any candidate runs
         truth = self._ground_truth(task)
 
-        # 1. The jailed worker: trace once, export.
-        traced, programs = self._trace(source, task)
+        # 1. The jailed worker: trace once, ship the jaxpr as data.
+        traced, program = self._trace(source, task)
         metrics = Metrics(sandbox_time_s=traced.wall_time_s)
         failure = self._failure(traced)
-        needed = {"tpu"} if self.on_tpu else {"tpu", "cpu"}
-        if failure is None and set(programs) != needed:
-            failure = (Status.CRASH, "lower", "the worker finished without exporting its programs")
+        if failure is None and program is None:
+            failure = (Status.CRASH, "lower", "the worker finished without its traced program")
         if failure is not None:
             status, stage, error = failure
             return EvalResult(status, error=error, stage=stage, metrics=metrics, provenance=prov,
                               log_tail=traced.output[-4000:])
 
-        # 2. The trusted runner: audit, compile, run on the inputs.
+        # 2. The trusted runner: lower both ways, audit, compile, run on the inputs.
         private = _private_dir("run")
         try:
-            paths = {}
-            for name, blob in programs.items():
-                paths[name] = str(private / PROGRAM_FILES[name])
-                Path(paths[name]).write_bytes(blob)
+            path = private / PROGRAM_FILE
+            path.write_bytes(program)
             input_dirs = self._write_inputs(private, [g.qkv for g in truth])
-            outcome = self._run_runner(private, task, "candidate", paths, input_dirs)
+            outcome = self._run_runner(private, task, "candidate", str(path), input_dirs)
             data = self._stage_data(outcome)
             compiled = data.get("compile", {})
             findings = data.get("audit", {}).get("findings", [])

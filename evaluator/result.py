@@ -49,9 +49,9 @@ class Metrics:
     max_abs_error: float | None = None
     max_rel_error: float | None = None
     reference_max_abs_error: float | None = None        # the task's XLA program, same inputs
-    sandbox_time_s: float | None = None                # the jailed worker: start, load, trace, export
+    sandbox_time_s: float | None = None                # the jailed worker: start, load, trace
     correctness_time_s: float | None = None            # running the CPU program on every input set
-    runner_time_s: float | None = None                 # the trusted runner: audit, compile, run
+    runner_time_s: float | None = None                 # the trusted runner: lower, audit, compile, run
 
 
 @dataclasses.dataclass(frozen=True)

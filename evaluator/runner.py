@@ -1,12 +1,13 @@
 """The trusted runner: audits, compiles, checks and times the programs a jailed worker exported.
 
 Run as ``python -m evaluator.runner REQUEST.json`` by the judge, in a fresh process that never
-imports candidate code: it reads the worker's serialized programs as data (``jax.export``),
+imports candidate code: it rebuilds the worker's traced jaxpr from data (``wire.py``), lowers
+it both ways itself (``traced.programs``: the TPU program and the interpret-mode CPU program),
 with its own private directory for the compiler's profile dump (``LIBTPU_INIT_ARGS`` is set by
 the judge for this process alone). It produces facts (findings of the audit, compiler output,
 the program's outputs as files, raw timing samples); the verdict is the judge's.
 
-Request keys: ``mode`` ("candidate" or "reference"), ``programs`` ({"tpu": path, "cpu": path}),
+Request keys: ``mode`` ("candidate" or "reference"), ``program`` (the worker's artifact),
 ``task`` (AttentionTask fields), ``topology``, ``on_tpu``, ``inputs`` (input-set directories),
 ``out_dir``, ``timing`` ({"warmup": n, "iters": n} or null), ``refuse`` (audit constructs that
 end the run).
@@ -57,19 +58,24 @@ def _write_output(path: str, out) -> dict:
     return {"dtype": dtype, "shape": list(array.shape)}
 
 
-def _load_program(path: str, platform: str, shape: tuple, dtype):
-    """A worker's exported program, checked against the task's signature."""
-    from jax import export
+def _load_programs(path: str, shape: tuple, dtype, *, cpu: bool) -> dict:
+    """The TPU (and CPU) program of the worker's traced jaxpr, lowered here."""
+    import jax
+
+    from evaluator import traced, wire
 
     with open(path, "rb") as fh:
-        exported = export.deserialize(bytearray(fh.read()))
-    if tuple(exported.platforms) != (platform,):
-        raise Refused(f"refused: the {platform} program was exported for platforms "
-                      f"{tuple(exported.platforms)}")
-    avals = [(tuple(a.shape), str(a.dtype)) for a in exported.in_avals]
+        blob = fh.read(wire.MAX_BYTES + 1)
+    closed = wire.loads(blob)
+    avals = [(tuple(a.shape), str(a.dtype)) for a in closed.in_avals]
     if avals != [(shape, str(dtype))] * 3:
-        raise Refused(f"refused: the {platform} program takes {avals}, not q, k, v of {shape} {dtype}")
-    return exported
+        raise Refused(f"refused: the traced program takes {avals}, not q, k, v of {shape} {dtype}")
+    spec = jax.ShapeDtypeStruct(shape, dtype)
+    try:
+        programs = traced.programs(closed, (spec, spec, spec), cpu=cpu)
+    except traced.Refused as exc:
+        raise Refused(str(exc)) from exc
+    return {"tpu": programs.tpu} | ({"cpu": programs.cpu} if cpu else {})
 
 
 def main(request_path: str) -> int:
@@ -92,12 +98,16 @@ def main(request_path: str) -> int:
 
             tpu_fn = cpu_fn = reference_program(AttentionTask(**task))
         else:
+            stage = "lower"
+            reporter.stage(stage)
+            t0 = time.perf_counter()
+            programs = _load_programs(req["program"], shape, dtype, cpu=not req["on_tpu"])
+            reporter.send(event="stage_ok", stage=stage,
+                          data={"lower_time_s": time.perf_counter() - t0})
             stage = "audit"
             reporter.stage(stage)
             from evaluator.kernel_audit import audit_exported
 
-            programs = {name: _load_program(path, name, shape, dtype)
-                        for name, path in req["programs"].items()}
             findings = [f for p in programs.values() for f in audit_exported(p)]
             reporter.send(event="stage_ok", stage=stage,
                           data={"findings": [f.__dict__ for f in findings]})

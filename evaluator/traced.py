@@ -1,19 +1,22 @@
 """One traced program: the candidate is traced once, and both programs the judge needs come
-from that one jaxpr.
+from that one jaxpr, lowered by a process that never ran candidate code.
 
 The jailed worker (``worker.py``) traces the candidate's entry point exactly once into a closed
-jaxpr. From that jaxpr, without running any candidate Python again, it exports (``jax.export``)
+jaxpr (``trace``) and ships that jaxpr as data (``wire.py``). The trusted runner rebuilds it and,
+from it alone, exports (``jax.export``, ``programs``)
 
-* the **TPU program**: every ``pallas_call`` lowered by Mosaic for the TPU, which the trusted
-  runner compiles for the topology (and times);
+* the **TPU program**: every ``pallas_call`` lowered by Mosaic for the TPU, which the runner
+  compiles for the topology (and times);
 * the **CPU program**: the same jaxpr with every ``pallas_call`` switched to Pallas' HLO
   interpreter (``interpret=True``: a plain XLA loop over the grid, scratch and outputs filled
-  with NaN before first use), which the trusted runner executes on the inputs (and checks).
+  with NaN before first use), which the runner executes on the inputs (and checks).
 
 A kernel that behaves differently "on TPU" and "elsewhere", or by how often it was called, has
-nothing to branch on: there is one trace. What cannot be one program is refused here with a
-message (``platform_dependent``, host callbacks, effects); the trusted runner audits the
-exported programs again (``kernel_audit.py``), since nothing this process says can be trusted.
+nothing to branch on: there is one trace, and the process that traced it (and so could be
+subverted by the candidate) never lowers or exports anything. What cannot be one program is
+refused with a message (``platform_dependent``, host callbacks, effects), by the worker for a
+clear early message and again by the runner, which trusts nothing the worker says; the runner
+also audits the exported programs (``kernel_audit.py``).
 """
 
 from __future__ import annotations
@@ -39,10 +42,10 @@ class Refused(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class Programs:
-    """The two serialized exports of one traced program."""
+    """The two exports (``jax.export.Exported``) of one traced program."""
 
-    tpu: bytes
-    cpu: bytes | None
+    tpu: object
+    cpu: object | None
     primitives: tuple[str, ...]
 
 
@@ -101,9 +104,10 @@ def with_interpret(jaxpr, interpret):
     return jaxpr.replace(eqns=eqns)
 
 
-def _export(closed, interpret, platform: str, args) -> bytes:
+def export(closed, interpret: bool, platform: str, args):
+    """``jax.export`` of ``closed`` for ``platform``, every pallas_call with ``interpret`` set."""
     import jax
-    from jax import export
+    from jax import export as jexport
     from jax._src import core as jcore
 
     jaxpr = with_interpret(closed.jaxpr, interpret)
@@ -113,15 +117,22 @@ def _export(closed, interpret, platform: str, args) -> bytes:
         outs = jcore.eval_jaxpr(jaxpr, closed.consts, *xs)
         return outs[0] if single else tuple(outs)
 
-    return export.export(jax.jit(program), platforms=[platform])(*args).serialize()
+    return jexport.export(jax.jit(program), platforms=[platform])(*args)
 
 
-def trace_and_export(fn, args, *, cpu: bool = True) -> Programs:
-    """Trace ``fn`` once on ``args`` (ShapeDtypeStructs) and export its TPU (and CPU) program."""
+def trace(fn, args):
+    """Trace ``fn`` once on ``args`` (ShapeDtypeStructs) into a closed jaxpr; refuse what cannot
+    be one program."""
     import jax
 
     closed = jax.make_jaxpr(fn)(*args)
     check(closed)
-    tpu = _export(closed, False, "tpu", args)
-    cpu_program = _export(closed, True, "cpu", args) if cpu else None
+    return closed
+
+
+def programs(closed, args, *, cpu: bool = True) -> Programs:
+    """The TPU program (and the CPU program) of one closed jaxpr: run by the trusted runner."""
+    check(closed)
+    tpu = export(closed, False, "tpu", args)
+    cpu_program = export(closed, True, "cpu", args) if cpu else None
     return Programs(tpu, cpu_program, tuple(sorted(primitives(closed.jaxpr))))

@@ -1,14 +1,13 @@
-"""The jailed side of the judge: loads one candidate, traces it once, exports its programs.
+"""The jailed side of the judge: loads one candidate, traces it once, ships the jaxpr as data.
 
 Run as ``python -m evaluator.worker REQUEST.json`` inside the jail (``jail.py``, ``sandbox.py``),
 as an unprivileged user whose only writable place is its scratch directory. This is the only
-process that ever runs candidate code, and it produces nothing but two serialized programs
-(``traced.py``): it never sees the inputs, never compiles for the TPU, never writes an output or
-a profile. Everything after the trace happens in the trusted runner (``runner.py``), which never
-imports candidate code.
+process that ever runs candidate code, and it produces nothing but one artifact: the traced
+jaxpr, as data (``wire.py``). It never lowers or exports a program, never sees the inputs,
+never compiles for the TPU, never writes an output or a profile. Everything after the trace
+happens in the trusted runner (``runner.py``), which never imports candidate code.
 
-Request keys: ``kernel_path``, ``entry``, ``task`` (the AttentionTask fields), ``out_dir``,
-``cpu_program`` (bool: also export the interpret-mode CPU program).
+Request keys: ``kernel_path``, ``entry``, ``task`` (the AttentionTask fields), ``out_dir``.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ import time
 
 from evaluator.sandbox import Reporter
 
-PROGRAM_FILES = {"tpu": "program.tpu.bin", "cpu": "program.cpu.bin"}
+PROGRAM_FILE = "program.jaxpr"
 
 
 def _load_kernel(path: str, entry: str):
@@ -48,7 +47,7 @@ def main(request_path: str) -> int:
         import jax
         import jax.numpy as jnp
 
-        from evaluator import traced
+        from evaluator import traced, wire
 
         kernel = _load_kernel(req["kernel_path"], req["entry"])
         fn = functools.partial(kernel, causal=task["causal"],
@@ -58,14 +57,11 @@ def main(request_path: str) -> int:
         reporter.stage(stage)
         t0 = time.perf_counter()
         spec = jax.ShapeDtypeStruct(shape, jnp.dtype(task["dtype"]))
-        programs = traced.trace_and_export(fn, (spec, spec, spec), cpu=req["cpu_program"])
-        for name, blob in (("tpu", programs.tpu), ("cpu", programs.cpu)):
-            if blob is not None:
-                with open(f"{req['out_dir']}/{PROGRAM_FILES[name]}", "wb") as fh:
-                    fh.write(blob)
+        closed = traced.trace(fn, (spec, spec, spec))
+        with open(f"{req['out_dir']}/{PROGRAM_FILE}", "wb") as fh:
+            fh.write(wire.dumps(closed))
         reporter.send(event="stage_ok", stage=stage,
-                      data={"lower_time_s": time.perf_counter() - t0,
-                            "primitives": list(programs.primitives)})
+                      data={"trace_time_s": time.perf_counter() - t0})
     except BaseException as exc:  # noqa: BLE001 - everything is reported, nothing escapes
         reporter.error(stage, exc)
         return 1

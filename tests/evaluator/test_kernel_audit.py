@@ -19,7 +19,7 @@ from jax.experimental import io_callback
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from evaluator import traced
+from evaluator import traced, wire
 from evaluator.kernel_audit import Finding, audit_exported
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,8 +133,9 @@ def _program_id_control_flow(x):
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 def test_kernels_with_program_id_control_flow_have_no_findings(path, causal):
     fn = functools.partial(_load(path).flash_attention, causal=causal, sm_scale=128 ** -0.5)
-    programs = traced.trace_and_export(fn, (QKV, QKV, QKV))
-    tpu, cpu = (export.deserialize(bytearray(b)) for b in (programs.tpu, programs.cpu))
+    closed = wire.loads(wire.dumps(traced.trace(fn, (QKV, QKV, QKV))))   # as the runner gets it
+    programs = traced.programs(closed, (QKV, QKV, QKV))
+    tpu, cpu = programs.tpu, programs.cpu
     assert audit_exported(tpu) == []
     assert audit_exported(cpu) == []   # the interpreter's grid loop is not the candidate's
 
@@ -238,8 +239,8 @@ def test_an_unreadable_kernel_is_a_finding_not_a_crash():
 
 
 def test_host_callbacks_and_platform_branches_are_refused_at_the_trace():
-    # The jailed worker refuses these before exporting (traced.check); the audit above is the
-    # trusted second look at whatever the worker hands over.
+    # The jailed worker refuses these at the trace (traced.check), and the runner again before it
+    # lowers what a (possibly subverted) worker shipped; the audit above is a further look.
     def callback(q, k, v):
         return jax.pure_callback(lambda x: x, jax.ShapeDtypeStruct(q.shape, q.dtype), q)
 
@@ -248,4 +249,7 @@ def test_host_callbacks_and_platform_branches_are_refused_at_the_trace():
 
     for fn, phrase in ((callback, "host callback"), (branch, "platform_dependent")):
         with pytest.raises(traced.Refused, match=phrase):
-            traced.trace_and_export(fn, (QKV, QKV, QKV))
+            traced.trace(fn, (QKV, QKV, QKV))
+    shipped = wire.loads(wire.dumps(jax.make_jaxpr(branch)(QKV, QKV, QKV)))   # check skipped
+    with pytest.raises(traced.Refused, match="platform_dependent"):
+        traced.programs(shipped, (QKV, QKV, QKV))

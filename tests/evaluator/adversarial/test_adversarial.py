@@ -36,6 +36,8 @@ EXPECTED = {
     "c1_call_counter": (Status.FAIL_CORRECTNESS, "tolerance"),
     "c2_profile_rewrite": (Status.PASS, ""),
     "c2_libtpu_flags": (Status.PASS, ""),
+    "c2_swap_exports": (Status.FAIL_CORRECTNESS, "tolerance"),
+    "c2_pickle_payload": (Status.FAIL_TRACE, "not plain jaxpr data"),
     "c3_escape_files": (Status.PASS, ""),
     "c4_pure_callback": (Status.FAIL_TRACE, "host callback"),
     "c5_when_on_prefetched_flag": (Status.FAIL_TIMING, "data_dependent_branch"),
@@ -53,7 +55,7 @@ def verdicts(tmp_path_factory):
     mp.setattr(judge_module, "screen_source", lambda *a, **k: ScreenResult(True))
     cache = tmp_path_factory.mktemp("adversarial-cache")
     judge = Judge(JudgeConfig(cache_dir=str(cache), workers=2))
-    names = sorted(EXPECTED) + ["c2_swap_exports"]
+    names = sorted(EXPECTED)
     sources = [(CANDIDATES / f"{n}.py").read_text() for n in names] + [SEED.read_text()]
     try:
         reference = judge.reference_timing(TASK)
@@ -68,7 +70,7 @@ def verdicts(tmp_path_factory):
 
 def test_every_candidate_has_a_file_and_every_class_a_candidate():
     files = {p.stem for p in CANDIDATES.glob("c*.py")}
-    assert set(EXPECTED) | {"c2_swap_exports"} == files
+    assert set(EXPECTED) == files
     assert {name[:2] for name in files} == {f"c{i}" for i in range(1, 8)}
 
 
@@ -100,9 +102,3 @@ def test_nothing_escaped_the_jail(verdicts):
     assert not [p for pattern in MARKERS for p in glob.glob(pattern)], "a candidate wrote outside its jail"
     left = subprocess.run(["pgrep", "-f", "sleep 617"], capture_output=True, text=True).stdout.split()
     assert not left, f"a setsid'd process outlived its evaluation: {left}"
-
-
-@pytest.mark.xfail(strict=True, reason="known gap: the exports are made by the process the candidate "
-                                       "controls, which can rewrite the exporter in memory (README)")
-def test_a_candidate_that_rewrites_the_exporter_is_caught(verdicts):
-    assert verdicts["results"]["c2_swap_exports"].status is not Status.PASS

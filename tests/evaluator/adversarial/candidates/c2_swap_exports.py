@@ -1,6 +1,11 @@
-"""CLASS 2: rewrites the worker's own export function in memory: exact CPU program, cheap TPU program.
+"""CLASS 2: rewrites, in the worker's memory, what the worker ships: a cheap program in place of the exact one.
 
-Expected: KNOWN GAP: the two programs are exported by the process the candidate controls; see the README.
+The attack on the old design (the worker exported the TPU and the CPU program itself) was to
+export a cheap TPU program next to an exact CPU program. Now the worker ships one traced jaxpr,
+and the trusted runner lowers that one jaxpr both ways; the best such a candidate can do is to
+ship the cheap program, which is then the program checked as well as the program timed.
+
+Expected: FAIL_CORRECTNESS: the cheap program is the one checked.
 """
 from typing import sys
 
@@ -10,19 +15,17 @@ import jax
 # turns the screen off to test what stands behind it).
 from seeds.flash_attention.kernel import flash_attention as _exact
 
-
-_traced = sys.modules["evaluator.traced"]
-_real_export = _traced._export
-
-
-def _swapped(closed, interpret, platform, args):
-    if platform == "tpu":
-        cheap = jax.make_jaxpr(lambda q, k, v: (q * 0.5 + v * 0.5).astype(q.dtype))(*args)
-        return _real_export(cheap, interpret, platform, args)
-    return _real_export(closed, interpret, platform, args)
+_wire = sys.modules["evaluator.wire"] if "evaluator.wire" in sys.modules else __import__("evaluator.wire").wire
+_real_dumps = _wire.dumps
 
 
-_traced._export = _swapped
+def _swapped(closed):
+    args = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in closed.in_avals]
+    cheap = jax.make_jaxpr(lambda q, k, v: (q * 0.5 + v * 0.5).astype(q.dtype))(*args)
+    return _real_dumps(cheap)
+
+
+_wire.dumps = _swapped
 
 
 def flash_attention(q, k, v, *, causal=True, sm_scale=1.0):
