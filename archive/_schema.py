@@ -33,7 +33,9 @@ _METRIC_TYPES: dict[str, pa.DataType] = {
     "max_rel_error": pa.float64(),
     "reference_max_abs_error": pa.float64(),
     "sandbox_time_s": pa.float64(),
+    "lower_time_s": pa.float64(),
     "correctness_time_s": pa.float64(),
+    "timing_time_s": pa.float64(),
     "runner_time_s": pa.float64(),
 }
 
@@ -59,6 +61,7 @@ SCHEMA = pa.schema(
         pa.field("jaxlib_version", pa.string()),
         pa.field("libtpu_version", pa.string()),
         pa.field("wall_time_s", pa.float64()),
+        pa.field("from_archive", pa.bool_()),   # this run took the verdict from the archive
         pa.field("log_tail", pa.string()),
         pa.field("evaluated_at", pa.timestamp("us", tz="UTC"), nullable=False),
     ]
@@ -133,12 +136,14 @@ def make_row(*, run_id: str, source: str, result: EvalResult, task_key: str, gen
              parent_ids: list[str] | tuple[str, ...] = (), operator: str | None = None,
              params: dict | None = None, edits: list[dict] | None = None,
              tunables: dict | None = None, chip: str | None = None,
-             evaluated_at: dt.datetime | None = None) -> dict[str, Any]:
-    """The archive row of one evaluation (``chip`` defaults to the result's provenance chip)."""
+             evaluated_at: dt.datetime | None = None, from_archive: bool = False) -> dict[str, Any]:
+    """The archive row of one evaluation (``chip`` defaults to the result's provenance chip;
+    ``from_archive``: the verdict was read back, not judged, so its seconds were not spent here)."""
     data = result.to_dict()
     data.update(run_id=run_id, source=source, task_key=task_key, generation=generation,
                 parent_ids=list(parent_ids), operator=operator, params=params or {},
-                edits=edits or [], tunables=tunables or {}, evaluated_at=evaluated_at)
+                edits=edits or [], tunables=tunables or {}, evaluated_at=evaluated_at,
+                from_archive=from_archive)
     data["chip"] = chip if chip is not None else data.get("chip")
     return normalize_row(data)
 

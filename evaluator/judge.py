@@ -225,11 +225,12 @@ class Judge:
                          total_budget=total_budget)
 
     def _run_runner(self, private: Path, task: AttentionTask, mode: str, program: str | None,
-                    input_dirs: list[str], compile_tpu: bool = True) -> ChildOutcome:
+                    input_dirs: list[str], compile_tpu: bool = True, prune: dict | None = None
+                    ) -> ChildOutcome:
         request = {"mode": mode, "program": program, "task": dataclasses.asdict(task),
                    "topology": self.chip.topology, "on_tpu": self.on_tpu, "inputs": input_dirs,
                    "out_dir": str(private), "timing": self.timing.worker_request(),
-                   "refuse": list(TRACE_REFUSALS), "compile": compile_tpu}
+                   "refuse": list(TRACE_REFUSALS), "compile": compile_tpu, "prune": prune}
         # Defence in depth: the runner parses programs a candidate produced. Off a TPU host it is
         # jailed too (it needs no device); its private dir is hidden from workers by their mounts.
         jailed = self.isolation.enabled and not self.on_tpu
@@ -343,11 +344,16 @@ class Judge:
                 if e.get("event") == "stage_ok" and "stage" in e}
 
     # ---- the pipeline ---------------------------------------------------------------------------
-    def evaluate(self, source: str, task: AttentionTask) -> EvalResult:
-        """Judge one kernel source. Never raises."""
+    def evaluate(self, source: str, task: AttentionTask, *, prune_above_cycles: int | None = None
+                 ) -> EvalResult:
+        """Judge one kernel source. Never raises.
+
+        ``prune_above_cycles`` turns on the cascade (compiler estimate only): a kernel whose
+        estimate is over it ends ``PRUNED`` after the compile, without the correctness stage,
+        with its estimate recorded but no latency, no speedup and so no fitness."""
         start = time.monotonic()
         try:
-            result = self._evaluate(source, task)
+            result = self._evaluate(source, task, prune_above_cycles)
         except Exception as exc:  # noqa: BLE001 - a judge bug must not kill a run
             result = EvalResult(Status.CRASH, error=f"internal judge error: {type(exc).__name__}: {exc}",
                                 stage="judge", provenance=self.provenance())
@@ -378,7 +384,8 @@ class Judge:
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
-    def _evaluate(self, source: str, task: AttentionTask) -> EvalResult:
+    def _evaluate(self, source: str, task: AttentionTask, prune_above_cycles: int | None = None
+                  ) -> EvalResult:
         prov = self.provenance()
         screened = screen_source(source, entry=self.config.entry)
         if not screened.ok:
@@ -403,19 +410,30 @@ class Judge:
             path = private / PROGRAM_FILE
             path.write_bytes(program)
             input_dirs = self._write_inputs(private, [g.qkv for g in truth])
-            outcome = self._run_runner(private, task, "candidate", str(path), input_dirs)
+            prune = None
+            if prune_above_cycles is not None and self.timing.name == "compiler_estimate":
+                prune = {"estimate_dir": str(private / "llo"), "above_cycles": int(prune_above_cycles)}
+            outcome = self._run_runner(private, task, "candidate", str(path), input_dirs, prune=prune)
             data = self._stage_data(outcome)
             compiled = data.get("compile", {})
             findings = data.get("audit", {}).get("findings", [])
             metrics = dataclasses.replace(
                 metrics, vmem_bytes=compiled.get("vmem_bytes"), copy_trap=compiled.get("copy_trap"),
                 compile_time_s=compiled.get("compile_time_s"), runner_time_s=outcome.wall_time_s,
-                correctness_time_s=data.get("correctness", {}).get("correctness_time_s"))
+                lower_time_s=data.get("audit", {}).get("lower_time_s"),
+                correctness_time_s=data.get("correctness", {}).get("correctness_time_s"),
+                timing_time_s=data.get("timing", {}).get("timing_time_s"))
             failure = self._failure(outcome)
             if failure is not None:
                 status, stage, error = failure
                 return EvalResult(status, error=error, stage=stage, metrics=metrics, provenance=prov,
                                   log_tail=outcome.output[-4000:])
+            if "prune" in data:
+                cycles = int(data["prune"]["cycles"])
+                return EvalResult(Status.PRUNED, stage="prune", provenance=prov, error=(
+                    f"estimated {cycles:,} cycles, over the cut of {prune_above_cycles:,}: too slow to "
+                    "matter, so it was not checked for correctness and has no speed"),
+                    metrics=dataclasses.replace(metrics, estimated_cycles=cycles))
 
             # Correctness: this process compares the outputs with its own references.
             outputs = data.get("correctness", {}).get("outputs", [])

@@ -22,6 +22,8 @@ class Status(str, enum.Enum):
     SUSPECT = "SUSPECT"                    # correct, but faster than the roofline allows
     FAIL_TIMING = "FAIL_TIMING"            # correct, but no timing source could time it
     FAIL_TRACE = "FAIL_TRACE"              # not one program the judge can both check and time
+    PRUNED = "PRUNED"                      # compiled; its estimate is too slow to matter, so it
+                                           # was never checked: it has no speed and no fitness
 
     @property
     def ok(self) -> bool:
@@ -49,8 +51,12 @@ class Metrics:
     max_abs_error: float | None = None
     max_rel_error: float | None = None
     reference_max_abs_error: float | None = None        # the task's XLA program, same inputs
+    # Seconds per stage. The worker's start, load and trace are sandbox_time_s; the runner's own
+    # start-up is runner_time_s less its stages.
     sandbox_time_s: float | None = None                # the jailed worker: start, load, trace
+    lower_time_s: float | None = None                  # the runner lowering both ways, and the audit
     correctness_time_s: float | None = None            # running the CPU program on every input set
+    timing_time_s: float | None = None                 # timed runs on a TPU host
     runner_time_s: float | None = None                 # the trusted runner: lower, audit, compile, run
 
 

@@ -10,7 +10,8 @@ the program's outputs as files, raw timing samples); the verdict is the judge's.
 Request keys: ``mode`` ("candidate" or "reference"), ``program`` (the worker's artifact),
 ``task`` (AttentionTask fields), ``topology``, ``on_tpu``, ``inputs`` (input-set directories),
 ``out_dir``, ``timing`` ({"warmup": n, "iters": n} or null), ``refuse`` (audit constructs that
-end the run).
+end the run), ``prune`` (null, or {"estimate_dir": dir, "above_cycles": n}: after the compile,
+read the compiler's estimate and, if it is over ``n``, stop before the correctness stage).
 """
 
 from __future__ import annotations
@@ -102,15 +103,14 @@ def main(request_path: str) -> int:
             reporter.stage(stage)
             t0 = time.perf_counter()
             programs = _load_programs(req["program"], shape, dtype, cpu=not req["on_tpu"])
-            reporter.send(event="stage_ok", stage=stage,
-                          data={"lower_time_s": time.perf_counter() - t0})
             stage = "audit"
             reporter.stage(stage)
             from evaluator.kernel_audit import audit_exported
 
             findings = [f for p in programs.values() for f in audit_exported(p)]
             reporter.send(event="stage_ok", stage=stage,
-                          data={"findings": [f.__dict__ for f in findings]})
+                          data={"findings": [f.__dict__ for f in findings],
+                                "lower_time_s": time.perf_counter() - t0})
             fatal = [f for f in findings if f.construct in set(req["refuse"])]
             if fatal:
                 raise Refused("; ".join(f"{f.construct} in {f.where}: {f.detail}" for f in fatal))
@@ -135,6 +135,18 @@ def main(request_path: str) -> int:
             facts["compile_time_s"] = time.perf_counter() - t0
             reporter.send(event="stage_ok", stage=stage, data=facts)
 
+            prune = req.get("prune")
+            if prune:   # the cascade: a kernel too slow to matter is not checked
+                from pathlib import Path
+
+                from evaluator.timing.compiler_estimate import read_cycles
+
+                cycles, _ = read_cycles(Path(prune["estimate_dir"]))
+                if cycles is not None and cycles > prune["above_cycles"]:
+                    reporter.send(event="stage_ok", stage="prune", data={"cycles": cycles})
+                    reporter.send(event="done")
+                    return 0
+
         stage = "correctness"
         reporter.stage(stage)
         t0 = time.perf_counter()
@@ -156,6 +168,7 @@ def main(request_path: str) -> int:
             reporter.stage(stage)
             args = [jax.device_put(_read_input(req["inputs"][0], n, task["dtype"]), device)
                     for n in ("q", "k", "v")]
+            t_stage = time.perf_counter()
             for _ in range(req["timing"]["warmup"]):
                 jax.block_until_ready(compiled(*args))
             samples = []
@@ -163,7 +176,8 @@ def main(request_path: str) -> int:
                 t0 = time.perf_counter()
                 jax.block_until_ready(compiled(*args))
                 samples.append(time.perf_counter() - t0)
-            reporter.send(event="stage_ok", stage=stage, data={"samples_s": samples})
+            reporter.send(event="stage_ok", stage=stage,
+                          data={"samples_s": samples, "timing_time_s": time.perf_counter() - t_stage})
     except BaseException as exc:  # noqa: BLE001 - everything is reported, nothing escapes
         reporter.error(stage, exc)
         return 1

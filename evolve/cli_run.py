@@ -36,7 +36,7 @@ def _config_from_args(args: argparse.Namespace):
 
     return load_config(args.config, {
         "search": {"population": args.population, "generations": args.generations,
-                   "rng_seed": args.rng_seed},
+                   "rng_seed": args.rng_seed, "prune_factor": args.prune_factor},
         "task": {"seed": args.seed, "shape": args.shape, "causal": args.causal},
         "judge": {"chip": args.chip, "workers": args.workers},
     })
@@ -107,6 +107,8 @@ def _meta(archive, run_id: str) -> dict:
 def cmd_status(args: argparse.Namespace) -> int:
     import pandas as pd
 
+    from evolve.stages import format_breakdown
+
     archive = _archive(args.data_dir)
     pd.set_option("display.width", 160)
     if not args.run:
@@ -126,6 +128,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     sources = ", ".join(sorted(df["timing_source"].dropna().unique())) or "-"
     print(f"run {args.run} (timing source: {sources})")
     print(table.to_string())
+    print()
+    print(format_breakdown(df))
     return 0
 
 
@@ -228,6 +232,9 @@ def add_commands(subparsers) -> None:
     p.add_argument("--population", type=int, default=None)
     p.add_argument("--generations", type=int, default=None)
     p.add_argument("--rng-seed", type=int, default=None)
+    p.add_argument("--prune-factor", type=float, default=None,
+                   help="prune (skip correctness for) children estimated slower than this times the "
+                        "champion; 0: off (default 2)")
     p.add_argument("--workers", type=int, default=None, help="parallel judges (default: one per core)")
     p.add_argument("--config", default=None, help="a TOML file with [search], [task], [judge] tables")
     data_dir(p)

@@ -21,6 +21,10 @@ class SearchConfig:
     hall_of_fame: int = 2           # elites carried into every generation: the ratchet
     rng_seed: int = 0
     max_tries: int = 8              # attempts to produce a new (unseen) child before giving up
+    # The cascade: a child whose compiler estimate is over prune_factor x the champion's cycles
+    # (as of the generation that bred it) is PRUNED after the compile, never checked, never fit.
+    # 0 turns it off. Measured timing is never pruned.
+    prune_factor: float = 2.0
 
     def __post_init__(self) -> None:
         if self.population < 2:
@@ -31,6 +35,8 @@ class SearchConfig:
             raise UsageError("tournament_size must be between 1 and the population size")
         if not 0.0 <= self.crossover_prob <= 1.0:
             raise UsageError("crossover_prob must be between 0 and 1")
+        if self.prune_factor != 0 and self.prune_factor < 1:
+            raise UsageError(f"prune_factor must be 0 (off) or at least 1, got {self.prune_factor}")
         if not 1 <= self.hall_of_fame < self.population:
             raise UsageError("hall_of_fame must be at least 1 and smaller than the population")
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from archive import Archive, make_row
 from evaluator.judge import Judge, JudgeConfig
-from evaluator.result import EvalResult
+from evaluator.result import EvalResult, Status
 from evaluator.versions import versions
 from evolve.config import RunConfig
 from evolve.individual import Individual
@@ -83,6 +83,8 @@ class EvolutionRun:
         self.prov = self.judge.provenance()
         self.sources: dict[str, str] = {}
         self.in_run: set[str] = set()        # individuals that have a row in this run
+        self.prune_above: int | None = None  # the cascade's cut, set from the champion each generation
+        self.restoring = False               # resume reads its population back: take every verdict
         s = config.search
         expected = s.population + s.generations * (s.population - s.hall_of_fame)
         self.progress = Progress(expected)
@@ -93,22 +95,26 @@ class EvolutionRun:
                                   self.prov.libtpu_version)
         return EvalResult.from_dict(hit) if hit else None
 
-    def _row(self, ind: Individual, result: EvalResult) -> dict[str, Any]:
+    def _row(self, ind: Individual, result: EvalResult, from_archive: bool = False) -> dict[str, Any]:
         try:
             tunables = read_tunables(ind.source)
         except Exception:  # noqa: BLE001 - tunables are informative only
             tunables = {}
         return make_row(run_id=self.run_id, source=ind.source, result=result, task_key=self.task.key,
                         generation=ind.generation, parent_ids=list(ind.parent_ids), operator=ind.operator,
-                        params=ind.params, edits=ind.edits, tunables=tunables)
+                        params=ind.params, edits=ind.edits, tunables=tunables, from_archive=from_archive)
 
     def _evaluate_one(self, ind: Individual) -> tuple[EvalResult, bool, dict]:
+        cut = self.prune_above
         cached = self._cached(ind)
+        if cached is not None and cached.status is Status.PRUNED and not self.restoring and (
+                cut is None or (cached.metrics.estimated_cycles or 0) <= cut):
+            cached = None     # pruned under a tighter cut than today's: judge it in full now
         if cached is not None:
             result, judged = cached, False
         else:
-            result, judged = self.judge.evaluate(ind.source, self.task), True
-        row = self._row(ind, result)
+            result, judged = self.judge.evaluate(ind.source, self.task, prune_above_cycles=cut), True
+        row = self._row(ind, result, from_archive=not judged)
         fresh = ind.id not in self.in_run     # judged now, or judged by another run: record it here
         if fresh:
             self.in_run.add(ind.id)
@@ -137,7 +143,14 @@ class EvolutionRun:
         return Search(self.config, self.seed_source, self.task, evaluate=self._evaluate_one,
                       map_fn=self.parallel_map, record=self.record, on_generation=self.on_generation)
 
+    def set_cut(self, search: Search) -> None:
+        """The cascade's cut for the next generation: prune_factor x the champion's cycles."""
+        factor = self.config.search.prune_factor
+        best = search.champion.result.metrics.estimated_cycles if search.champion else None
+        self.prune_above = int(best * factor) if factor and best else None
+
     def on_generation(self, generation: int, population: list[Individual], search: Search) -> None:
+        self.set_cut(search)
         self.progress.generation = generation
         self.archive.append_generation(self.run_id, generation, [i.id for i in population],
                                        [i.id for i in search.hof],
@@ -175,8 +188,11 @@ class EvolutionRun:
         self.in_run.update(by_id)
         search.seen.update(by_id)
         hof = [self._from_row(by_id[i]) for i in last["hall_of_fame_ids"] if i in by_id]
+        self.restoring = True
         search.evaluate(hof + population)            # from the archive: nothing is re-judged
+        self.restoring = False
         search.record(hof + population)
+        self.set_cut(search)
         start = int(last["generation"]) + 1
         self.progress.generation = start
         if start > self.config.search.generations:

@@ -198,6 +198,11 @@ def test_status_and_lineage_read_the_run(small_run, tmp_path):
     assert r.returncode == 0 and run_id in r.stdout
     r = evolve("status", run_id, "--data-dir", str(data))
     assert r.returncode == 0 and "best_speedup" in r.stdout
+    # Where the worker time went: every stage, with real seconds for the ones a run always has.
+    rows = {line.split("|")[1].strip(): line for line in r.stdout.splitlines() if line.startswith("| ")}
+    for stage in ("worker", "lower", "compile", "correctness"):
+        assert float(rows[stage].split("|")[2]) > 0, rows[stage]
+    assert "kernels judged per minute" in r.stdout
     from archive import Archive
 
     meta = Archive(data).read_run_meta(run_id)
@@ -218,6 +223,7 @@ def _digest(directory: Path) -> str:
 @pytest.mark.parametrize("args, fragment", [
     (["run", "--seed", "matmul"], "unknown seed"),
     (["run", "--population", "-3"], "population must be at least 2"),
+    (["run", "--prune-factor", "0.5"], "prune_factor must be 0 (off) or at least 1"),
     (["run", "--chip", "v9"], "unknown chip"),
     (["run", "--shape", "N=abc"], "not an integer"),
     (["run", "--shape", "N=200"], "cannot be tiled"),

@@ -1,0 +1,61 @@
+"""Where a run's worker time went: seconds per judging stage, from the run's own archive rows.
+
+Only rows the run judged itself count (``from_archive`` false): a verdict read back from the
+archive cost nothing here. Stages, per judged kernel:
+
+* ``worker``: the jailed worker, start-up, loading the candidate and tracing it once;
+* ``runner start``: the trusted runner's own start-up (imports, reading the program);
+* ``lower``: the runner lowering the jaxpr for the TPU and the CPU interpreter, and the audit;
+* ``compile``: the TPU compiler with the estimate (or for the chip);
+* ``correctness``: the CPU program (or the chip) on every input set;
+* ``timing``: timed runs on a TPU host;
+* ``judge``: what is left of the kernel's wall time (screen, inputs, comparison, archive).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+STAGES = ("worker", "runner start", "lower", "compile", "correctness", "timing", "judge")
+
+
+def _col(df: pd.DataFrame, name: str) -> pd.Series:
+    return df[name].fillna(0.0).astype(float) if name in df.columns else pd.Series(0.0, index=df.index)
+
+
+def stage_seconds(df: pd.DataFrame) -> dict[str, float]:
+    """Total seconds per stage over the kernels ``df`` judged (not read back)."""
+    if "from_archive" in df.columns:
+        df = df[~df["from_archive"].fillna(False).astype(bool)]
+    worker, runner = _col(df, "sandbox_time_s"), _col(df, "runner_time_s")
+    parts = {name: _col(df, f"{name}_time_s") for name in ("lower", "compile", "correctness", "timing")}
+    out = {"worker": worker.sum(),
+           "runner start": (runner - sum(parts.values())).clip(lower=0).sum(),
+           **{name: s.sum() for name, s in parts.items()},
+           "judge": (_col(df, "wall_time_s") - worker - runner).clip(lower=0).sum()}
+    return {k: float(v) for k, v in out.items()}
+
+
+def format_breakdown(df: pd.DataFrame) -> str:
+    """A table of where the worker time went, with kernels judged per minute of run time."""
+    judged = df[~df["from_archive"].fillna(False).astype(bool)] if "from_archive" in df.columns else df
+    seconds = stage_seconds(df)
+    total = sum(seconds.values())
+    lines = [f"worker time by stage ({len(judged)} kernels judged, {len(df) - len(judged)} read back "
+             "from the archive):", "| stage | seconds | share | per judged kernel |", "|---|---|---|---|"]
+    for name in STAGES:
+        share = seconds[name] / total if total else 0.0
+        per = seconds[name] / len(judged) if len(judged) else 0.0
+        lines.append(f"| {name} | {seconds[name]:.1f} | {share:.0%} | {per:.1f} s |")
+    lines.append(f"| all | {total:.1f} | 100% | {total / len(judged) if len(judged) else 0.0:.1f} s |")
+    if len(judged) and "evaluated_at" in judged.columns:
+        ends = pd.to_datetime(judged["evaluated_at"], utc=True)
+        starts = ends - pd.to_timedelta(_col(judged, "wall_time_s"), unit="s")
+        span = (ends.max() - starts.min()).total_seconds()
+        if span > 0:
+            lines.append(f"run time judging: {span / 60:.1f} min; {len(judged) / (span / 60):.2f} kernels "
+                         "judged per minute")
+    by_status = judged["status"].value_counts().to_dict() if len(judged) else {}
+    lines.append("judged kernels by status: " + (", ".join(f"{k} {v}" for k, v in sorted(by_status.items()))
+                                                 or "-"))
+    return "\n".join(lines)
