@@ -20,7 +20,7 @@ import libcst as cst
 from ._base import NotApplicable
 
 WRAPPER_NAME = "flash_attention"
-TUNABLE_PREFIXES = ("BLOCK_", "HEADS_PER_PROGRAM", "VMEM_LIMIT_BYTES")
+TUNABLE_PREFIXES = ("BLOCK_", "HEADS_PER_PROGRAM", "VMEM_LIMIT_BYTES", "DIAGONAL_STRIP")
 
 _EMPTY = cst.Module(body=[])
 

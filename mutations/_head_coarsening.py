@@ -117,6 +117,9 @@ class HeadCoarsening(Operator):
     def _check(self, module, task) -> Applicability:
         if "HEADS_PER_PROGRAM" in module_ints(module):
             return Applicability(False, "the kernel already has HEADS_PER_PROGRAM (use block_sizes)")
+        if "DIAGONAL_STRIP" in module_ints(module):
+            return Applicability(False, "diagonal strips run _step on ref views; they need one head "
+                                        "per program")
         if not _choices(task):
             return Applicability(False, f"H={task.heads} has no divisor in 2..{MAX_HEADS_PER_PROGRAM}")
         fn = C.kernel(module)

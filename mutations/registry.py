@@ -7,6 +7,7 @@ from ._block_sizes import BlockSizes
 from ._causal_skip import CausalSkip
 from ._compact_scratch import CompactScratch
 from ._deferred_norm import DeferredNormalisation
+from ._diagonal_strips import DiagonalStrips
 from ._exp2_softmax import Exp2Softmax
 from ._head_coarsening import HeadCoarsening
 from ._vmem_limit import VmemLimit
@@ -14,7 +15,7 @@ from ._vmem_limit import VmemLimit
 _OPERATORS: dict[str, Operator] = {
     op.name: op
     for op in (BlockSizes(), CompactScratch(), DeferredNormalisation(), CausalSkip(),
-               HeadCoarsening(), VmemLimit(), Exp2Softmax())
+               HeadCoarsening(), VmemLimit(), Exp2Softmax(), DiagonalStrips())
 }
 
 

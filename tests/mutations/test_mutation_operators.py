@@ -161,6 +161,28 @@ def test_causal_skip_not_applicable():
     assert "if causal" in not_applicable("causal_skip", no_mask)
 
 
+# ---- diagonal strips ------------------------------------------------------------------------
+def test_diagonal_strips_before_after_and_as_a_knob():
+    after = apply("diagonal_strips", apply("causal_skip"), strip=256)
+    assert "DIAGONAL_STRIP = 256" in after
+    assert "def _step(needs_mask, row0=0, *, q_ref=q_ref, k_ref=k_ref, v_ref=v_ref," in after
+    assert "rows = row0 + " in after                     # the mask's rows follow the strip
+    assert "q_ref=q_ref.at[:, :, rows, :]" in after and "k_ref=k_ref.at[:, :, seen, :]" in after
+    assert "if block_q == block_kv and block_q % DIAGONAL_STRIP == 0" in after
+    assert after.count("_step(True)") == 1 and "_step(False)" in after   # the fallback stays
+    again = apply("diagonal_strips", after, strip=512)
+    assert "DIAGONAL_STRIP = 512" in again and again.count("def _diagonal_strips") == 1
+
+
+def test_diagonal_strips_not_applicable():
+    assert "causal_skip first" in not_applicable("diagonal_strips", MINI)
+    assert "not causal" in not_applicable("diagonal_strips", apply("causal_skip"), FULL)
+    coarse = apply("head_coarsening", apply("causal_skip"), heads_per_program=2)
+    assert "one head per program" in not_applicable("diagonal_strips", coarse)
+    strips = apply("diagonal_strips", apply("causal_skip"), strip=256)
+    assert "one head per program" in not_applicable("head_coarsening", strips)
+
+
 # ---- head coarsening ------------------------------------------------------------------------
 def test_head_coarsening_before_after():
     after = apply("head_coarsening", heads_per_program=2)

@@ -76,3 +76,18 @@ def test_all_operators_composed_stay_correct_in_both_block_orders(judge, causal)
     assert swapped.status == "applied", swapped.reason
     for r in judge.evaluate_many([result.source, swapped.source], task):
         assert correct(r), (r.status, r.error)
+
+
+@pytest.mark.parametrize("strip", [128, 256])
+def test_diagonal_strips_that_really_split_a_block_stay_correct(judge, strip):
+    # Square 512-row blocks at N=1024: a diagonal block in 4 (or 2) strips, and one block below it.
+    task = AttentionTask(batch=1, heads=2, seq_len=1024, head_dim=128, causal=True)
+    edits = [Edit("causal_skip"), Edit("compact_scratch"), Edit("diagonal_strips", {"strip": strip}),
+             Edit("deferred_norm"), Edit("exp2_softmax"),
+             Edit("block_sizes", {"tunable": "BLOCK_Q", "value": 512}),
+             Edit("block_sizes", {"tunable": "BLOCK_KV", "value": 512})]
+    result = replay(seed_source(), edits, task)
+    assert result.status == "applied", result.reason
+    assert f"DIAGONAL_STRIP = {strip}" in result.source
+    r = judge.evaluate(result.source, task)
+    assert correct(r), (r.status, r.error)
