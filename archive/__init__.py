@@ -3,7 +3,7 @@
 from ._archive import DEFAULT_DATA_DIR, Archive
 from ._errors import ArchiveError
 from ._identity import individual_id, normalize_source
-from ._schema import COLUMNS, SCHEMA, edit_label, make_row, normalize_row
+from ._schema import COLUMNS, SCHEMA, edit_label, make_row, normalize_row, row_to_result_dict
 
 __all__ = [
            "COLUMNS",
@@ -16,4 +16,5 @@ __all__ = [
            "make_row",
            "normalize_row",
            "normalize_source",
+           "row_to_result_dict",
 ]

@@ -178,7 +178,8 @@ def row_to_result_dict(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def edit_label(row: dict[str, Any]) -> str:
-    """``operator(k=v, ...)`` for a stored row (its params are JSON text in the archive)."""
+    """``operator(k=v, ...)`` for a stored row (its params are JSON text in the archive); a chain
+    of edits made in one move reads ``op1(k=v) + op2``."""
     op = row.get("operator")
     op = op if isinstance(op, str) and op else "edit"
     params = row.get("params")
@@ -187,6 +188,9 @@ def edit_label(row: dict[str, Any]) -> str:
             params = json.loads(params)
         except ValueError:
             params = None
+    if isinstance(params, dict) and isinstance(params.get("chain"), list):
+        return " + ".join(edit_label({"operator": e.get("op"), "params": e.get("params") or {}})
+                          for e in params["chain"] if isinstance(e, dict))
     if isinstance(params, dict) and params:
         return f"{op}({', '.join(f'{k}={v}' for k, v in sorted(params.items()))})"
     return op

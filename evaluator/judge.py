@@ -359,6 +359,28 @@ class Judge:
                                 stage="judge", provenance=self.provenance())
         return dataclasses.replace(result, wall_time_s=time.monotonic() - start)
 
+    def estimate(self, source: str, task: AttentionTask) -> tuple[int | None, list[dict], str]:
+        """The compiler's estimate of a source, with the audit's findings, and no correctness
+        check: (cycles or None, findings, why there is no figure). For sweeps and measurements
+        of trusted kernels (scripts/); a candidate's figure only ever comes from ``evaluate``."""
+        outcome, program = self._trace(source, task)
+        failure = self._failure(outcome)
+        if failure is not None or program is None:
+            return None, [], failure[2] if failure else "the worker exported nothing"
+        private = _private_dir("estimate")
+        try:
+            path = private / PROGRAM_FILE
+            path.write_bytes(program)
+            run = self._run_runner(private, task, "candidate", str(path), [])
+            failure = self._failure(run)
+            if failure is not None:
+                return None, [], failure[2]
+            data = self._stage_data(run)
+            timing = self.timing.read(private, data, self.chip)
+            return timing.cycles, data.get("audit", {}).get("findings", []), timing.error
+        finally:
+            shutil.rmtree(private, ignore_errors=True)
+
     def evaluate_many(self, sources: Sequence[str], task: AttentionTask) -> list[EvalResult]:
         """Judge several sources in parallel, one sandboxed worker per core."""
         if not sources:

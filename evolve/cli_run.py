@@ -38,7 +38,7 @@ def _config_from_args(args: argparse.Namespace):
         "search": {"population": args.population, "generations": args.generations,
                    "rng_seed": args.rng_seed, "prune_factor": args.prune_factor},
         "task": {"seed": args.seed, "shape": args.shape, "causal": args.causal},
-        "judge": {"chip": args.chip, "workers": args.workers},
+        "judge": {"chip": args.chip, "workers": args.workers, "peers": args.peers},
     })
 
 
@@ -58,11 +58,21 @@ def _report(run, champion) -> None:
     if seed is not None and seed.get("latency_s"):
         rows.append(("seed", seed["latency_s"], seed["speedup_vs_reference"]))
     rows.append((f"champion {champion.id}", m.latency_s, m.speedup_vs_reference))
+    for name, peer in run.peers.items():
+        if peer.ok:
+            rows.append((name, peer.metrics.latency_s, peer.metrics.speedup_vs_reference))
+        else:
+            print(f"peer {name}: {peer.status.value}: {peer.error}")
     print(f"{'kernel':<28} {'latency (us)':>14} {'vs reference':>13} {'vs seed':>9}")
     for name, lat, sp in rows:
         vs_seed = (f"{seed['latency_s'] / lat:.2f}x" if seed is not None and seed.get("latency_s") and lat
                    else "-")
         print(f"{name:<28} {lat * 1e6 if lat else float('nan'):>14.1f} {sp:>12.3f}x {vs_seed:>9}")
+    for name, peer in run.peers.items():
+        if peer.ok and peer.metrics.latency_s and m.latency_s:
+            ratio = peer.metrics.latency_s / m.latency_s
+            print(f"champion vs {name}: {ratio:.3f}x ({m.estimated_cycles or '-'} vs "
+                  f"{peer.metrics.estimated_cycles or '-'} cycles, same judge, same run)")
     print("edits: " + (" -> ".join(edit_label(r) for r in chain[1:]) or "(the seed itself)"))
     print(f"browse: evolve ui --data-dir {run.data_dir}    lineage: evolve lineage {champion.id} "
           f"--data-dir {run.data_dir}    promote: evolve promote {run.run_id} --data-dir {run.data_dir}")
@@ -236,6 +246,8 @@ def add_commands(subparsers) -> None:
                    help="prune (skip correctness for) children estimated slower than this times the "
                         "champion; 0: off (default 2)")
     p.add_argument("--workers", type=int, default=None, help="parallel judges (default: one per core)")
+    p.add_argument("--peers", action=argparse.BooleanOptionalAction, default=None,
+                   help="judge JAX's tuned kernel side by side (default on)")
     p.add_argument("--config", default=None, help="a TOML file with [search], [task], [judge] tables")
     data_dir(p)
     p.set_defaults(func=cmd_run)

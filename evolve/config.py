@@ -25,6 +25,9 @@ class SearchConfig:
     # (as of the generation that bred it) is PRUNED after the compile, never checked, never fit.
     # 0 turns it off. Measured timing is never pruned.
     prune_factor: float = 2.0
+    max_chain: int = 3              # a mutation applies 1..max_chain operators: several knobs at once
+    oversample: int = 3             # breed this many times the children needed; the surrogate ranks them
+    adaptive_operators: bool = True  # draw operators by how often they have paid so far
 
     def __post_init__(self) -> None:
         if self.population < 2:
@@ -35,6 +38,10 @@ class SearchConfig:
             raise UsageError("tournament_size must be between 1 and the population size")
         if not 0.0 <= self.crossover_prob <= 1.0:
             raise UsageError("crossover_prob must be between 0 and 1")
+        if self.max_chain < 1:
+            raise UsageError(f"max_chain must be at least 1, got {self.max_chain}")
+        if self.oversample < 1:
+            raise UsageError(f"oversample must be at least 1 (1: no surrogate ranking), got {self.oversample}")
         if self.prune_factor != 0 and self.prune_factor < 1:
             raise UsageError(f"prune_factor must be 0 (off) or at least 1, got {self.prune_factor}")
         if not 1 <= self.hall_of_fame < self.population:
@@ -66,6 +73,7 @@ class JudgeSettings:
     chip: str = "v5e"
     timing: str = "auto"
     workers: int = 0                # 0: one per core
+    peers: bool = True              # judge JAX's tuned kernel side by side with the champion
 
     def __post_init__(self) -> None:
         from evaluator.chips import CHIPS

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from archive import Archive, make_row
+from archive import Archive, make_row, row_to_result_dict
 from evaluator.judge import Judge, JudgeConfig
 from evaluator.result import EvalResult, Status
 from evaluator.versions import versions
@@ -31,6 +31,9 @@ from mutations import read_tunables
 
 SEED_KERNELS = {"flash_attention": Path(__file__).resolve().parent.parent / "seeds" / "flash_attention"
                 / "kernel.py"}
+# The strongest alternative a user has, judged in the same run by the same judge.
+PEERS = {"flash_attention": {"JAX flash_attention (tuned blocks)": Path(__file__).resolve().parent.parent
+                             / "examples" / "jax_flash_attention_tuned.py"}}
 
 
 def new_run_id() -> str:
@@ -85,6 +88,8 @@ class EvolutionRun:
         self.in_run: set[str] = set()        # individuals that have a row in this run
         self.prune_above: int | None = None  # the cascade's cut, set from the champion each generation
         self.restoring = False               # resume reads its population back: take every verdict
+        self.peers: dict[str, EvalResult] = {}
+        self._peer_thread: threading.Thread | None = None
         s = config.search
         expected = s.population + s.generations * (s.population - s.hall_of_fame)
         self.progress = Progress(expected)
@@ -167,8 +172,21 @@ class EvolutionRun:
                 "data_dir": str(self.data_dir), "timing_source": self.prov.timing_source,
                 "chip": self.prov.chip, **versions()}
 
+    def _judge_peers(self) -> None:
+        for name, path in PEERS.get(self.config.task.seed, {}).items():
+            self.peers[name] = self.judge.evaluate(path.read_text(), self.task)
+
+    def start_peers(self) -> None:
+        """Judge the peers in the background while the search runs (they are not individuals:
+        never selected, never in the lineage; their figures go in the run's record)."""
+        if self.config.judge.peers and self._peer_thread is None:
+            self.judge.reference_timing(self.task)
+            self._peer_thread = threading.Thread(target=self._judge_peers, daemon=True)
+            self._peer_thread.start()
+
     def start(self) -> Individual | None:
         self.archive.write_run_meta(self.run_id, self._meta("running"))
+        self.start_peers()
         self.tracker.start_run(self.run_id, self.task.key, self.config.to_dict())
         search = self._search()
         return self._finish(search, search.run(search.initial_population(), 0))
@@ -176,6 +194,7 @@ class EvolutionRun:
     def resume(self) -> Individual | None:
         """Continue after the last stored generation; what was judged since is read back, not redone."""
         self.tracker.start_run(self.run_id, self.task.key, self.config.to_dict())
+        self.start_peers()
         search = self._search()
         gens = self.archive.generations(self.run_id)
         rows = self.archive.evaluations(self.run_id)
@@ -194,6 +213,15 @@ class EvolutionRun:
         search.record(hof + population)
         self.set_cut(search)
         start = int(last["generation"]) + 1
+        # What the search had learnt by then (surrogate, operator payoff): every verdict of the
+        # generations before `start`, as in the uninterrupted run.
+        learnt = []
+        for r in sorted(rows.to_dict("records"), key=lambda r: (int(r["generation"]), str(r["evaluated_at"]))):
+            if int(r["generation"]) < start:
+                ind = self._from_row(r)
+                ind.result = EvalResult.from_dict(row_to_result_dict(r))
+                learnt.append(ind)
+        search.learn(learnt)
         self.progress.generation = start
         if start > self.config.search.generations:
             return self._finish(search, search.champion)
@@ -214,8 +242,14 @@ class EvolutionRun:
                           generation=int(row["generation"]))
 
     def _finish(self, search: Search, champion: Individual | None) -> Individual | None:
+        if self._peer_thread is not None:
+            self._peer_thread.join()
         self.progress.show(final=True)
         meta = self._meta("finished")
+        meta["peers"] = {name: {"status": r.status.value, "estimated_cycles": r.metrics.estimated_cycles,
+                                "latency_s": r.metrics.latency_s,
+                                "speedup_vs_reference": r.metrics.speedup_vs_reference, "error": r.error}
+                         for name, r in self.peers.items()}
         if champion is not None:
             meta["champion_id"] = champion.id
             chain = lineage_rows(self.archive, self.run_id, champion.id)

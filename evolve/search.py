@@ -1,12 +1,17 @@
 """The evolutionary loop: DEAP's toolbox, tournament selection, a hall of fame as the ratchet.
 
-    population <- seed + mutants of the seed; evaluate
+    population <- seed + mutants of the seed (chains of 1..max_chain edits); evaluate
     for each generation:
         elites   <- the hall of fame (the best PASS ever seen; never lost)
         parents  <- tournament selection from the population
-        children <- crossover (replay two edit histories) or mutation (one applicable operator)
+        children <- crossover (replay two edit histories) or mutation (a chain of operators, drawn
+                    by what has paid so far), oversample x as many as needed, ranked by the
+                    surrogate (evolve/surrogate.py) once it has data; the best ranked are kept
         evaluate children (archive first: a source already judged is never judged again)
         population <- elites + children
+
+Everything the search learns (the surrogate, the operators' payoff) comes from verdicts of
+earlier generations only, so a configuration and an RNG seed give one run.
 """
 
 from __future__ import annotations
@@ -18,7 +23,11 @@ from deap import base, tools
 
 from evolve.config import RunConfig
 from evolve.individual import Individual
+from evolve.surrogate import Surrogate
 from evolve.variation import crossover, mutate
+from mutations import operator_names
+
+SURROGATE_TUNABLES = ["BLOCK_Q", "BLOCK_KV", "HEADS_PER_PROGRAM", "DIAGONAL_STRIP", "VMEM_LIMIT_BYTES"]
 
 
 def generation_rng(rng_seed: int, generation: int) -> str:
@@ -66,6 +75,35 @@ class Search:
         self.hof = tools.HallOfFame(config.search.hall_of_fame, similar=lambda a, b: a.id == b.id)
         self.champion: Individual | None = None
         self.seen: set[str] = set()
+        self.surrogate = Surrogate(operator_names(), SURROGATE_TUNABLES)
+        self.credit: dict[str, list[int]] = {}        # operator -> [tries, wins over the parent]
+        self.speedups: dict[str, float] = {}          # individual id -> speedup (PASS only)
+        self.learned: set[str] = set()
+
+    def weights(self) -> dict[str, float] | None:
+        """Each operator's chance of paying off (Laplace: (wins + 1) / (tries + 2))."""
+        if not self.config.search.adaptive_operators:
+            return None
+        return {op: (wins + 1) / (tries + 2) for op, (tries, wins) in self.credit.items()}
+
+    def learn(self, individuals: list[Individual]) -> None:
+        """Feed judged individuals to the surrogate and the operators' payoff, once each."""
+        for ind in individuals:
+            if ind.result is None or ind.id in self.learned:
+                continue
+            self.learned.add(ind.id)
+            m = ind.result.metrics
+            if ind.result.ok or ind.result.status.value == "PRUNED":
+                self.surrogate.add(ind.id, ind.source, ind.edits, m.estimated_cycles)
+            if ind.passed:
+                self.speedups[ind.id] = ind.speedup or 0.0
+            if ind.operator in ("seed", "crossover") or not ind.parent_ids:
+                continue
+            parent = self.speedups.get(ind.parent_ids[0])
+            won = ind.passed and parent is not None and (ind.speedup or 0.0) > parent
+            for op in ind.operator.split("+"):
+                tries, wins = self.credit.get(op, [0, 0])
+                self.credit[op] = [tries + 1, wins + int(won)]
 
     # -- generation 0 ---------------------------------------------------------------------------
     def initial_population(self) -> list[Individual]:
@@ -75,13 +113,15 @@ class Search:
         tries = 0
         while len(population) < self.config.search.population and tries < 10 * self.config.search.population:
             tries += 1
-            child = self.toolbox.mutate(seed, rng=rng, generation=0)
+            child = self.toolbox.mutate(seed, rng=rng, generation=0,
+                                        max_chain=self.config.search.max_chain)
             if child is not None and child.id not in self.seen:
                 self.seen.add(child.id)
                 population.append(child)
         return population
 
     def record(self, population: list[Individual]) -> None:
+        self.learn(population)
         passed = [ind for ind in population if ind.passed]
         self.hof.update(passed)
         for ind in passed:
@@ -95,19 +135,28 @@ class Search:
         random.seed(state)   # DEAP's selection draws from the global generator
         elites = list(self.hof)
         k = self.config.search.population - len(elites)
+        wanted = k * (self.config.search.oversample if self.surrogate.ready else 1)
         parents = self.toolbox.select(population, k)
+        weights = self.weights()
         children: list[Individual] = []
-        for parent in parents:
+        for n in range(wanted):
+            parent = parents[n % len(parents)]
             for _ in range(self.config.search.max_tries):
                 if rng.random() < self.config.search.crossover_prob:
                     other = rng.choice(parents)
                     child = self.toolbox.mate(parent, other, rng=rng, generation=generation)
                 else:
-                    child = self.toolbox.mutate(parent, rng=rng, generation=generation)
-                if child is not None and child.id not in self.seen:
-                    self.seen.add(child.id)
+                    child = self.toolbox.mutate(parent, rng=rng, generation=generation,
+                                                max_chain=self.config.search.max_chain, weights=weights)
+                if child is not None and child.id not in self.seen and \
+                        child.id not in {c.id for c in children}:
                     children.append(child)
                     break
+        if len(children) > k:     # the surrogate keeps the k children it ranks fastest
+            ranked = sorted(range(len(children)),
+                            key=lambda i: (self.surrogate.predict(children[i].source, children[i].edits), i))
+            children = [children[i] for i in sorted(ranked[:k])]
+        self.seen.update(c.id for c in children)
         return elites, children
 
     def evaluate(self, individuals: list[Individual]) -> None:

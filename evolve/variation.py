@@ -1,4 +1,4 @@
-"""Variation: mutation by one applicable operator, crossover by replaying two edit histories."""
+"""Variation: mutation by a chain of applicable operators, crossover by replaying two edit histories."""
 
 from __future__ import annotations
 
@@ -9,18 +9,37 @@ from evolve.individual import Individual
 from mutations import Edit, all_operators, replay
 
 
+def _pick(operators: list, weights: dict[str, float] | None, rng: random.Random):
+    """One operator, drawn with probability proportional to its weight (1 for unknown ones)."""
+    w = [max((weights or {}).get(op.name, 1.0), 1e-6) for op in operators]
+    return rng.choices(operators, weights=w, k=1)[0]
+
+
 def mutate(parent: Individual, seed_source: str, task: Any, rng: random.Random,
-           generation: int) -> Individual | None:
-    """Apply one operator, chosen among those that apply, with parameters from ``rng``."""
-    operators = [op for op in all_operators() if op.check(parent.source, task)]
-    rng.shuffle(operators)
-    for op in operators:
-        result = op.apply(parent.source, task, rng)
-        if result.applied and result.source != parent.source and result.edit is not None:
-            edit = result.edit.to_dict()
-            return Individual(result.source, edits=parent.edits + [edit], parent_ids=(parent.id,),
-                              operator=op.name, params=dict(result.edit.params), generation=generation)
-    return None
+           generation: int, max_chain: int = 1, weights: dict[str, float] | None = None
+           ) -> Individual | None:
+    """Apply a chain of 1..``max_chain`` operators (how many drawn from ``rng``), each chosen
+    among those that apply, with probability by ``weights`` (what has paid so far), and with
+    parameters from ``rng``. A chain changes several knobs in one move."""
+    length = rng.randint(1, max(1, max_chain))
+    source, chain = parent.source, []
+    for _ in range(length):
+        operators = [op for op in all_operators() if op.check(source, task)]
+        while operators:
+            op = _pick(operators, weights, rng)
+            operators.remove(op)
+            result = op.apply(source, task, rng)
+            if result.applied and result.source != source and result.edit is not None:
+                source, chain = result.source, chain + [result.edit]
+                break
+        else:
+            break
+    if not chain:
+        return None
+    name = "+".join(e.op for e in chain)
+    params = dict(chain[0].params) if len(chain) == 1 else {"chain": [e.to_dict() for e in chain]}
+    return Individual(source, edits=parent.edits + [e.to_dict() for e in chain], parent_ids=(parent.id,),
+                      operator=name, params=params, generation=generation)
 
 
 def crossover(a: Individual, b: Individual, seed_source: str, task: Any, rng: random.Random,

@@ -10,7 +10,7 @@ from . import registry
 from ._base import Applicability, Edit, MutationResult, NotApplicable, Operator
 from ._replay import replay
 from ._tunables import read_tunables
-from .registry import all_operators, get_operator
+from .registry import all_operators, get_operator, operator_names
 
 __all__ = [
     "Applicability",
@@ -20,6 +20,7 @@ __all__ = [
     "Operator",
     "all_operators",
     "get_operator",
+    "operator_names",
     "read_tunables",
     "registry",
     "replay",

@@ -10,9 +10,10 @@ online-softmax update per strip. This is the wavefront (triangular) tiling of th
 is what lets large blocks pay off under a causal mask (JAX's kernel computes the whole block).
 
 The rewrite is generic over the rest of ``_step`` (deferred normalisation, exp2, compact
-statistics all keep working on views), adds the tunable ``DIAGONAL_STRIP`` (S), and guards
-itself at trace time: blocks that are not square, or that S does not split, run ``_step(True)``
-as before, so later block-size changes keep the kernel correct.
+statistics and head coarsening's per-head ref tuples all keep working on views), adds the
+tunable ``DIAGONAL_STRIP`` (S), and guards itself at trace time: blocks that are not square,
+or that S does not split, run ``_step(True)`` as before, so later block-size changes keep the
+kernel correct.
 """
 
 from __future__ import annotations
@@ -71,9 +72,6 @@ class DiagonalStrips(Operator):
             return Applicability(False, "the task is not causal")
         if TUNABLE in module_ints(module):
             return APPLICABLE   # a knob from here on: another strip height
-        if "HEADS_PER_PROGRAM" in module_ints(module):
-            return Applicability(False, "head-coarsened kernels hold per-head ref lists; strips need "
-                                        "one head per program")
         fn = C.kernel(module)
         step = C.top_function(fn, "_step")
         if step is None or [p.name.value for p in step.params.params] != ["needs_mask"]:
@@ -109,9 +107,16 @@ class DiagonalStrips(Operator):
         new_rows = rows.with_changes(value=C.expr(f"row0 + {C.code(rows.value)}"))
         new_step = step.deep_replace(rows, new_rows)
         new_step = new_step.with_changes(params=header.params)
-        views = ",\n              ".join(
-            [f"{r}={r}.at[:, :, {'rows' if r == inputs[0] else 'seen'}, :]" for r in inputs]
-            + [f"{r}={r}.at[rows, :]" for r in outs])
+        coarse = "HEADS_PER_PROGRAM" in module_ints(module)   # per-head ref tuples, 3-D scratch
+
+        def view(ref: str) -> str:
+            if ref in outs:
+                return f"{ref}={ref}.at[{':, ' if coarse else ''}rows, :]"
+            sl = "rows" if ref == inputs[0] else "seen"
+            return (f"{ref}=tuple(t.at[:, :, {sl}, :] for t in {ref})" if coarse
+                    else f"{ref}={ref}.at[:, :, {sl}, :]")
+
+        views = ",\n              ".join(view(r) for r in inputs + outs)
         strips_fn = C.stmts(_STRIPS.format(fn=_STRIPS_FN, views=views))[0].with_changes(
             leading_lines=[cst.EmptyLine(indent=False)])
         body = []

@@ -2,25 +2,23 @@
 
     .venv/bin/python scripts/estimator_constructs.py [--shape B=1,H=2,N=512,D=128]
 
-Each kernel is traced and exported by the judge's own jailed worker and compiled by its trusted
-runner (with the profile dump), exactly as in an evaluation, except that the audit's findings
-are printed instead of refusing the estimate. The seed and the constructs compute the same
+Each kernel is traced by the judge's own jailed worker, and lowered and compiled by its trusted
+runner (with the profile dump), exactly as in an evaluation (``Judge.estimate``), except that
+the audit's findings are printed instead of refusing the estimate. The seed and the constructs compute the same
 attention, so an honest estimate would give them about the same cycles.
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from evaluator.judge import Judge, JudgeConfig, _private_dir  # noqa: E402
+from evaluator.judge import Judge, JudgeConfig  # noqa: E402
 from evaluator.versions import versions  # noqa: E402
-from evaluator.worker import PROGRAM_FILES  # noqa: E402
 from seeds.flash_attention.task import AttentionTask, parse_shape  # noqa: E402
 
 CANDIDATES = ROOT / "tests" / "evaluator" / "adversarial" / "candidates"
@@ -48,23 +46,8 @@ KERNELS = [
 
 
 def estimate(judge: Judge, source: str, task: AttentionTask) -> tuple[int | None, list[str], str]:
-    outcome, programs = judge._trace(source, task)
-    failure = judge._failure(outcome)
-    if failure is not None:
-        return None, [], failure[2]
-    private = _private_dir("constructs")
-    try:
-        paths = {}
-        for name, blob in programs.items():
-            paths[name] = str(private / PROGRAM_FILES[name])
-            Path(paths[name]).write_bytes(blob)
-        run = judge._run_runner(private, task, "candidate", paths, [])
-        data = judge._stage_data(run)
-        findings = [f"{f['construct']} ({f['where']})" for f in data.get("audit", {}).get("findings", [])]
-        timing = judge.timing.read(private, data, judge.chip)
-        return timing.cycles, findings, timing.error
-    finally:
-        shutil.rmtree(private, ignore_errors=True)
+    cycles, findings, error = judge.estimate(source, task)
+    return cycles, [f"{f['construct']} ({f['where']})" for f in findings], error
 
 
 def main() -> int:

@@ -177,8 +177,10 @@ def test_diagonal_strips_before_after_and_as_a_knob():
 def test_diagonal_strips_not_applicable():
     assert "causal_skip first" in not_applicable("diagonal_strips", MINI)
     assert "not causal" in not_applicable("diagonal_strips", apply("causal_skip"), FULL)
-    coarse = apply("head_coarsening", apply("causal_skip"), heads_per_program=2)
-    assert "one head per program" in not_applicable("diagonal_strips", coarse)
+    coarse = apply("diagonal_strips", apply("head_coarsening", apply("causal_skip"), heads_per_program=2),
+                   strip=256)
+    assert "q_ref=tuple(t.at[:, :, rows, :] for t in q_ref)" in coarse
+    assert "m_scratch=m_scratch.at[:, rows, :]" in coarse
     strips = apply("diagonal_strips", apply("causal_skip"), strip=256)
     assert "one head per program" in not_applicable("head_coarsening", strips)
 
