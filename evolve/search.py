@@ -1,6 +1,7 @@
 """The evolutionary loop: DEAP's toolbox, tournament selection, a hall of fame as the ratchet.
 
-    population <- seed + mutants of the seed (chains of 1..max_chain edits); evaluate
+    population <- seed + distinct block shapes (some with more edits) + mutants of the seed
+                  (chains of 1..max_chain edits); evaluate
     for each generation:
         elites   <- the hall of fame (the best PASS ever seen; never lost)
         parents  <- tournament selection from the population
@@ -24,7 +25,7 @@ from deap import base, tools
 from evolve.config import RunConfig
 from evolve.individual import Individual
 from evolve.surrogate import Surrogate
-from evolve.variation import crossover, mutate
+from evolve.variation import block_shapes, crossover, mutate
 from mutations import operator_names
 
 SURROGATE_TUNABLES = ["BLOCK_Q", "BLOCK_KV", "HEADS_PER_PROGRAM", "DIAGONAL_STRIP", "VMEM_LIMIT_BYTES"]
@@ -110,6 +111,12 @@ class Search:
         rng = random.Random(generation_rng(self.config.search.rng_seed, 0))
         seed = Individual(self.seed_source, edits=[], generation=0)
         population, self.seen = [seed], {seed.id}
+        # Half the first population covers the block shapes; the rest are random moves.
+        for child in block_shapes(seed, self.task, rng, (self.config.search.population - 1) // 2,
+                                  max_chain=self.config.search.max_chain):
+            if child.id not in self.seen:
+                self.seen.add(child.id)
+                population.append(child)
         tries = 0
         while len(population) < self.config.search.population and tries < 10 * self.config.search.population:
             tries += 1

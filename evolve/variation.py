@@ -24,7 +24,8 @@ def mutate(parent: Individual, seed_source: str, task: Any, rng: random.Random,
     length = rng.randint(1, max(1, max_chain))
     source, chain = parent.source, []
     for _ in range(length):
-        operators = [op for op in all_operators() if op.check(source, task)]
+        used = {e.op for e in chain}          # one edit per operator in a move
+        operators = [op for op in all_operators() if op.name not in used and op.check(source, task)]
         while operators:
             op = _pick(operators, weights, rng)
             operators.remove(op)
@@ -40,6 +41,40 @@ def mutate(parent: Individual, seed_source: str, task: Any, rng: random.Random,
     params = dict(chain[0].params) if len(chain) == 1 else {"chain": [e.to_dict() for e in chain]}
     return Individual(source, edits=parent.edits + [e.to_dict() for e in chain], parent_ids=(parent.id,),
                       operator=name, params=params, generation=generation)
+
+
+def block_shapes(seed: Individual, task: Any, rng: random.Random, count: int, generation: int = 0,
+                 max_chain: int = 1) -> list[Individual]:
+    """``count`` children of the seed with distinct (BLOCK_Q, BLOCK_KV), drawn without replacement
+    from every legal pair, each followed, half of the time, by a chain of other operators: a
+    first population that covers the block shapes instead of clustering near the seed's."""
+    from mutations import get_operator, legal_values, read_tunables
+
+    current = read_tunables(seed.source)
+    pairs = [(q, kv) for q in legal_values("BLOCK_Q", task) for kv in legal_values("BLOCK_KV", task)
+             if (q, kv) != (current.get("BLOCK_Q"), current.get("BLOCK_KV"))]
+    rng.shuffle(pairs)
+    blocks = get_operator("block_sizes")
+    children = []
+    for q, kv in pairs[:count]:
+        source, edits = seed.source, []
+        for name, value in (("BLOCK_Q", q), ("BLOCK_KV", kv)):
+            result = blocks.apply_params(source, task, {"tunable": name, "value": value})
+            if result.applied:
+                source, edits = result.source, edits + [result.edit]
+        child = Individual(source, edits=[e.to_dict() for e in edits], parent_ids=(seed.id,),
+                           operator="+".join(e.op for e in edits), generation=generation,
+                           params={"chain": [e.to_dict() for e in edits]} if len(edits) > 1 else
+                           dict(edits[0].params))
+        if max_chain > 1 and rng.random() < 0.5:
+            more = mutate(child, seed.source, task, rng, generation, max_chain=max_chain - 1)
+            if more is not None:
+                chain = edits + [Edit.from_dict(e) for e in more.edits[len(edits):]]
+                child = Individual(more.source, edits=[e.to_dict() for e in chain], parent_ids=(seed.id,),
+                                   operator="+".join(e.op for e in chain), generation=generation,
+                                   params={"chain": [e.to_dict() for e in chain]})
+        children.append(child)
+    return children
 
 
 def crossover(a: Individual, b: Individual, seed_source: str, task: Any, rng: random.Random,

@@ -15,7 +15,8 @@ import pytest
 from tests.procs import alive
 
 ROOT = Path(__file__).resolve().parents[2]
-SMALL = ["--shape", "B=1,H=2,N=256,D=128", "--population", "4", "--generations", "2", "--rng-seed", "7"]
+SMALL_WITH_PEERS = ["--shape", "B=1,H=2,N=256,D=128", "--population", "4", "--generations", "2", "--rng-seed", "7"]
+SMALL = SMALL_WITH_PEERS + ["--no-peers"]
 
 
 def evolve(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -33,7 +34,7 @@ def run_id_of(data_dir: Path) -> str:
 @pytest.fixture(scope="module")
 def small_run(tmp_path_factory):
     data = tmp_path_factory.mktemp("run") / "data"
-    r = evolve("run", *SMALL, "--data-dir", str(data))
+    r = evolve("run", *SMALL_WITH_PEERS, "--data-dir", str(data))
     assert r.returncode == 0, r.stderr[-3000:]
     return data, run_id_of(data), r
 
@@ -57,6 +58,11 @@ def test_a_small_run_archives_every_evaluation_and_reports_the_champion(small_ru
     assert df["timing_source"].dropna().eq("compiler_estimate").all()
     assert list((data / "archive").rglob("*.parquet"))
     assert "champion" in r.stdout and "compiler_estimate" in r.stdout
+    # The peer, judged in the same run by the same judge, is reported as a ratio and recorded.
+    assert "champion vs JAX flash_attention (tuned blocks): " in r.stdout
+    peer = Archive(data).read_run_meta(run_id)["peers"]["JAX flash_attention (tuned blocks)"]
+    assert peer["status"] == "PASS" and peer["estimated_cycles"] > 0
+    assert "JAX flash_attention (tuned blocks)" not in set(df["operator"])   # never an individual
     seed = df[df["operator"] == "seed"]
     assert len(seed) == 1 and list(seed["parent_ids"].iloc[0]) == []
 
