@@ -36,7 +36,7 @@ def _config_from_args(args: argparse.Namespace):
 
     return load_config(args.config, {
         "search": {"population": args.population, "generations": args.generations,
-                   "rng_seed": args.rng_seed, "prune_factor": args.prune_factor},
+                   "rng_seed": args.rng_seed, "prune_factor": args.prune_factor, "lag": args.lag},
         "task": {"seed": args.seed, "shape": args.shape, "causal": args.causal},
         "judge": {"chip": args.chip, "workers": args.workers, "peers": args.peers},
     })
@@ -139,7 +139,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"run {args.run} (timing source: {sources})")
     print(table.to_string())
     print()
-    print(format_breakdown(df))
+    workers = (_meta(archive, args.run).get("config", {}).get("judge", {}) or {}).get("workers") or None
+    print(format_breakdown(df, workers=workers))
     return 0
 
 
@@ -246,6 +247,9 @@ def add_commands(subparsers) -> None:
                    help="prune (skip correctness for) children estimated slower than this times the "
                         "champion; 0: off (default 2)")
     p.add_argument("--workers", type=int, default=None, help="parallel judges (default: one per core)")
+    p.add_argument("--lag", type=int, default=None,
+                   help="child i is bred from the results of items up to i - lag (default: twice the "
+                        "workers); 1 breeds one at a time")
     p.add_argument("--peers", action=argparse.BooleanOptionalAction, default=None,
                    help="judge JAX's tuned kernel side by side (default on)")
     p.add_argument("--config", default=None, help="a TOML file with [search], [task], [judge] tables")

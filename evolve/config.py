@@ -28,6 +28,9 @@ class SearchConfig:
     max_chain: int = 3              # a mutation applies 1..max_chain operators: several knobs at once
     oversample: int = 3             # breed this many times the children needed; the surrogate ranks them
     adaptive_operators: bool = True  # draw operators by how often they have paid so far
+    # Steady state: child i is bred from the results of items up to i - lag. 0: twice the judge's
+    # workers, fixed when the run starts (and stored with it, so a resume replays the same run).
+    lag: int = 0
 
     def __post_init__(self) -> None:
         if self.population < 2:
@@ -44,6 +47,8 @@ class SearchConfig:
             raise UsageError(f"oversample must be at least 1 (1: no surrogate ranking), got {self.oversample}")
         if self.prune_factor != 0 and self.prune_factor < 1:
             raise UsageError(f"prune_factor must be 0 (off) or at least 1, got {self.prune_factor}")
+        if self.lag < 0:
+            raise UsageError(f"lag must be 0 (twice the workers) or more, got {self.lag}")
         if not 1 <= self.hall_of_fame < self.population:
             raise UsageError("hall_of_fame must be at least 1 and smaller than the population")
 

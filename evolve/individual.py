@@ -29,6 +29,7 @@ class Individual:
         self.generation = generation
         self.fitness = SpeedupFitness()
         self.result = None                  # the judge's EvalResult once evaluated
+        self.cut: int | None = None         # the cascade's cut in cycles when it was bred
 
     @property
     def passed(self) -> bool:

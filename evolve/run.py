@@ -8,7 +8,7 @@ was judged already for this task, chip, timing source and libtpu version.
 
 from __future__ import annotations
 
-import concurrent.futures
+import dataclasses
 import datetime as dt
 import os
 import secrets
@@ -19,13 +19,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from archive import Archive, make_row, row_to_result_dict
+from archive import Archive, make_row
 from evaluator.judge import Judge, JudgeConfig
 from evaluator.result import EvalResult, Status
 from evaluator.versions import versions
 from evolve.config import RunConfig
 from evolve.individual import Individual
-from evolve.search import Search, generation_rng
+from evolve.executor import make_executor
+from evolve.search import Search, item_rng
 from mlflow_runs import Tracker, ensure_store
 from mutations import read_tunables
 
@@ -72,13 +73,17 @@ class Progress:
 
 class EvolutionRun:
     def __init__(self, config: RunConfig, data_dir: str, run_id: str | None = None) -> None:
+        workers = config.judge.workers or (os.cpu_count() or 1)
+        # Fixed now and stored with the run: a resume elsewhere replays the same run.
+        config = dataclasses.replace(
+            config, judge=dataclasses.replace(config.judge, workers=workers),
+            search=dataclasses.replace(config.search, lag=config.search.lag or 2 * workers))
         self.config = config
         self.data_dir = Path(data_dir)
         self.archive = Archive(self.data_dir)
         self.run_id = run_id or new_run_id()
         self.task = config.task.task()
         self.seed_source = SEED_KERNELS[config.task.seed].read_text()
-        workers = config.judge.workers or (os.cpu_count() or 1)
         self.judge = Judge(JudgeConfig(chip=config.judge.chip, timing=config.judge.timing, workers=workers,
                                        cache_dir=str(self.data_dir / "cache")))
         ensure_store(self.data_dir)           # the schema, once, before any worker starts
@@ -86,8 +91,6 @@ class EvolutionRun:
         self.prov = self.judge.provenance()
         self.sources: dict[str, str] = {}
         self.in_run: set[str] = set()        # individuals that have a row in this run
-        self.prune_above: int | None = None  # the cascade's cut, set from the champion each generation
-        self.restoring = False               # resume reads its population back: take every verdict
         self.peers: dict[str, EvalResult] = {}
         self._peer_thread: threading.Thread | None = None
         s = config.search
@@ -110,11 +113,12 @@ class EvolutionRun:
                         params=ind.params, edits=ind.edits, tunables=tunables, from_archive=from_archive)
 
     def _evaluate_one(self, ind: Individual) -> tuple[EvalResult, bool, dict]:
-        cut = self.prune_above
+        """Runs on an executor's worker: the archive's verdict, else the sandboxed judge's."""
+        cut = ind.cut
         cached = self._cached(ind)
-        if cached is not None and cached.status is Status.PRUNED and not self.restoring and (
+        if cached is not None and cached.status is Status.PRUNED and (
                 cut is None or (cached.metrics.estimated_cycles or 0) <= cut):
-            cached = None     # pruned under a tighter cut than today's: judge it in full now
+            cached = None     # pruned under a tighter cut than this child's: judge it in full now
         if cached is not None:
             result, judged = cached, False
         else:
@@ -127,14 +131,6 @@ class EvolutionRun:
         self.progress.update(judged=judged, speedup=result.metrics.speedup_vs_reference if result.ok else None)
         return result, fresh, row
 
-    def parallel_map(self, func, individuals: list[Individual]) -> list:
-        """The toolbox's map: one sandboxed judge per core."""
-        self.judge.reference_timing(self.task)
-        if individuals:
-            self.progress.generation = max(ind.generation for ind in individuals)
-        with concurrent.futures.ThreadPoolExecutor(self.judge.config.workers) as pool:
-            return list(pool.map(func, individuals))
-
     def record(self, ind: Individual, outcome: tuple[EvalResult, bool, dict]) -> None:
         result, fresh, row = outcome
         ind.result = result
@@ -146,25 +142,18 @@ class EvolutionRun:
 
     def _search(self) -> Search:
         return Search(self.config, self.seed_source, self.task, evaluate=self._evaluate_one,
-                      map_fn=self.parallel_map, record=self.record, on_generation=self.on_generation)
+                      record=self.record, on_generation=self.on_generation)
 
-    def set_cut(self, search: Search) -> None:
-        """The cascade's cut for the next generation: prune_factor x the champion's cycles."""
-        factor = self.config.search.prune_factor
-        best = search.champion.result.metrics.estimated_cycles if search.champion else None
-        self.prune_above = int(best * factor) if factor and best else None
-
-    def on_generation(self, generation: int, population: list[Individual], search: Search) -> None:
-        self.set_cut(search)
-        self.progress.generation = generation
-        self.archive.append_generation(self.run_id, generation, [i.id for i in population],
+    def on_generation(self, generation: int, pool: list[Individual], search: Search) -> None:
+        self.progress.generation = generation + 1
+        self.archive.append_generation(self.run_id, generation, [i.id for i in pool],
                                        [i.id for i in search.hof],
-                                       generation_rng(self.config.search.rng_seed, generation + 1))
-        speedups = [i.speedup for i in population if i.passed]
-        self.tracker.log_generation(generation, max(speedups) if speedups else None,
-                                    statistics.median(speedups) if speedups else None,
-                                    len(speedups) / len(population) if population else 0.0,
-                                    self.progress.done)
+                                       item_rng(self.config.search.rng_seed, len(search.taken)))
+        stats = search.logbook[-1]
+        passed = [i.speedup for i in pool if i.passed]
+        self.tracker.log_generation(generation, max(passed) if passed else None,
+                                    statistics.median(passed) if passed else None,
+                                    stats["pass_rate"], self.progress.done)
 
     # ---- run and resume -----------------------------------------------------------------------
     def _meta(self, status: str) -> dict[str, Any]:
@@ -180,66 +169,32 @@ class EvolutionRun:
         """Judge the peers in the background while the search runs (they are not individuals:
         never selected, never in the lineage; their figures go in the run's record)."""
         if self.config.judge.peers and self._peer_thread is None:
-            self.judge.reference_timing(self.task)
             self._peer_thread = threading.Thread(target=self._judge_peers, daemon=True)
             self._peer_thread.start()
 
+    def _search_all(self) -> Individual | None:
+        self.judge.reference_timing(self.task)
+        self.start_peers()
+        search = self._search()
+        with make_executor("local", self.judge.config.workers) as executor:
+            champion = search.run(executor)
+        return self._finish(search, champion)
+
     def start(self) -> Individual | None:
         self.archive.write_run_meta(self.run_id, self._meta("running"))
-        self.start_peers()
         self.tracker.start_run(self.run_id, self.task.key, self.config.to_dict())
-        search = self._search()
-        return self._finish(search, search.run(search.initial_population(), 0))
+        return self._search_all()
 
     def resume(self) -> Individual | None:
-        """Continue after the last stored generation; what was judged since is read back, not redone."""
+        """Replay the run from its start: every verdict it already has comes back from the
+        archive (nothing is judged twice), so the replay reaches the state the run had, and goes
+        on from there with the same choices the uninterrupted run would have made."""
         self.tracker.start_run(self.run_id, self.task.key, self.config.to_dict())
-        self.start_peers()
-        search = self._search()
-        gens = self.archive.generations(self.run_id)
         rows = self.archive.evaluations(self.run_id)
-        if gens.empty:
-            return self._finish(search, search.run(search.initial_population(), 0))
-        last = gens.iloc[-1]
-        by_id = {r["individual_id"]: r for r in rows.to_dict("records")}
-        population = [self._from_row(by_id[i]) for i in last["population_ids"] if i in by_id]
-        self.sources.update({i: r["source"] for i, r in by_id.items()})
-        self.in_run.update(by_id)
-        search.seen.update(by_id)
-        hof = [self._from_row(by_id[i]) for i in last["hall_of_fame_ids"] if i in by_id]
-        self.restoring = True
-        search.evaluate(hof + population)            # from the archive: nothing is re-judged
-        self.restoring = False
-        search.record(hof + population)
-        self.set_cut(search)
-        start = int(last["generation"]) + 1
-        # What the search had learnt by then (surrogate, operator payoff): every verdict of the
-        # generations before `start`, as in the uninterrupted run.
-        learnt = []
-        for r in sorted(rows.to_dict("records"), key=lambda r: (int(r["generation"]), str(r["evaluated_at"]))):
-            if int(r["generation"]) < start:
-                ind = self._from_row(r)
-                ind.result = EvalResult.from_dict(row_to_result_dict(r))
-                learnt.append(ind)
-        search.learn(learnt)
-        self.progress.generation = start
-        if start > self.config.search.generations:
-            return self._finish(search, search.champion)
-        # Replay the interrupted generation exactly (same RNG state); its judged children are in
-        # the archive and come back from there.
-        search.seen.difference_update(
-            r["individual_id"] for r in rows.to_dict("records") if int(r["generation"]) >= start)
-        return self._finish(search, search.evolve(population, start))
-
-    def _from_row(self, row: dict[str, Any]) -> Individual:
-        import json
-
-        edits = json.loads(row["edits"]) if isinstance(row["edits"], str) else list(row["edits"] or [])
-        params = json.loads(row["params"]) if isinstance(row["params"], str) else (row["params"] or {})
-        parents = row["parent_ids"]
-        return Individual(row["source"], edits=edits, parent_ids=tuple(parents) if parents is not None else (),
-                          operator=row["operator"] or "seed", params=params,
-                          generation=int(row["generation"]))
+        if not rows.empty:
+            self.in_run.update(rows["individual_id"])
+            self.sources.update(zip(rows["individual_id"], rows["source"]))
+        return self._search_all()
 
     def _finish(self, search: Search, champion: Individual | None) -> Individual | None:
         if self._peer_thread is not None:

@@ -1,24 +1,32 @@
-"""The evolutionary loop: DEAP's toolbox, tournament selection, a hall of fame as the ratchet.
+"""The evolutionary loop: DEAP's toolbox, tournament selection, a hall of fame as the ratchet,
+run steady-state so that no worker waits for a generation's straggler.
 
-    population <- seed + distinct block shapes (some with more edits) + mutants of the seed
-                  (chains of 1..max_chain edits); evaluate
-    for each generation:
-        elites   <- the hall of fame (the best PASS ever seen; never lost)
-        parents  <- tournament selection from the population
-        children <- crossover (replay two edit histories) or mutation (a chain of operators, drawn
-                    by what has paid so far), oversample x as many as needed, ranked by the
-                    surrogate (evolve/surrogate.py) once it has data; the best ranked are kept
-        evaluate children (archive first: a source already judged is never judged again)
-        population <- elites + children
+    items 0..n0-1   <- seed + distinct block shapes (some with more edits) + mutants of the seed
+    item i >= n0    <- bred as soon as items 0..i-lag have been judged and taken in (in index
+                       order), from the pool as it stood then:
+        pool     <- the hall of fame (the best PASS ever seen; never lost) + the latest
+                    population - hall_of_fame items taken in
+        parents  <- tournament selection from the pool
+        child    <- crossover (replay two edit histories) or mutation (a chain of operators, drawn
+                    by what has paid so far); oversample x candidates ranked by the surrogate
+                    (evolve/surrogate.py) once it has data; the best ranked is judged
+    a "generation" is a bookkeeping unit: every population - hall_of_fame items taken in.
 
-Everything the search learns (the surrogate, the operators' payoff) comes from verdicts of
-earlier generations only, so a configuration and an RNG seed give one run.
+Results are taken in strictly in index order and child i sees only items up to i - lag, so the
+same configuration and RNG seed give the same run whatever order the workers finish in (under
+a deterministic timing source). With lag >= workers, a worker that frees always finds a child
+bred for it unless `lag - workers` later children all finished before one straggler.
+Resuming replays the run from the start: every verdict already archived comes back from the
+archive, so nothing is judged twice and the replay reaches the same state.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import random
+import statistics
 from collections.abc import Callable
+from typing import Any
 
 from deap import base, tools
 
@@ -31,9 +39,9 @@ from mutations import operator_names
 SURROGATE_TUNABLES = ["BLOCK_Q", "BLOCK_KV", "HEADS_PER_PROGRAM", "DIAGONAL_STRIP", "VMEM_LIMIT_BYTES"]
 
 
-def generation_rng(rng_seed: int, generation: int) -> str:
-    """The RNG state of a generation, as a seed string: resuming at a generation replays it."""
-    return f"pallas-evolve:{rng_seed}:{generation}"
+def item_rng(rng_seed: int, index: int) -> str:
+    """The RNG state that breeds item ``index`` (a seed string): a replay breeds it again."""
+    return f"pallas-evolve:{rng_seed}:item:{index}"
 
 
 def beats(challenger: Individual, champion: Individual | None) -> bool:
@@ -49,33 +57,44 @@ def beats(challenger: Individual, champion: Individual | None) -> bool:
     return (challenger.speedup or 0.0) > (champion.speedup or 0.0)
 
 
-def make_toolbox(config: RunConfig, seed_source: str, task, *, evaluate: Callable, map_fn: Callable,
+def make_toolbox(config: RunConfig, seed_source: str, task, *, evaluate: Callable,
                  record: Callable) -> base.Toolbox:
-    """``evaluate(ind) -> outcome`` judges one individual; ``map_fn`` is where parallel, sandboxed
-    evaluation plugs in; ``record(ind, outcome)`` sets its result and fitness and logs it."""
+    """``evaluate(ind) -> outcome`` judges one individual (on an executor's worker);
+    ``record(ind, outcome)`` sets its result and fitness and logs it (in the search's thread)."""
     toolbox = base.Toolbox()
     toolbox.register("mutate", mutate, seed_source=seed_source, task=task)
     toolbox.register("mate", crossover, seed_source=seed_source, task=task)
     toolbox.register("select", tools.selTournament, tournsize=config.search.tournament_size)
     toolbox.register("evaluate", evaluate)
-    toolbox.register("map", map_fn)
     toolbox.register("record", record)
     return toolbox
 
 
-class Search:
-    """Holds the state of one run's search; the toolbox's ``map`` and ``evaluate`` judge."""
+def make_statistics() -> tools.Statistics:
+    """DEAP's statistics over a pool's speedups (failures count as 0)."""
+    stats = tools.Statistics(key=lambda ind: ind.fitness.values[0] if ind.fitness.valid else 0.0)
+    stats.register("best", max)
+    stats.register("median", statistics.median)
+    stats.register("pass_rate", lambda values: sum(v > 0 for v in values) / len(values) if values else 0.0)
+    return stats
 
-    def __init__(self, config: RunConfig, seed_source: str, task, *, evaluate: Callable, map_fn: Callable,
-                 record: Callable, on_generation: Callable[[int, list[Individual], Search], None]):
+
+class Search:
+    """One run's search state. ``run(executor)`` judges items through the executor."""
+
+    def __init__(self, config: RunConfig, seed_source: str, task, *, evaluate: Callable, record: Callable,
+                 on_generation: Callable[[int, list[Individual], Search], None] = lambda *a: None):
         self.config = config
         self.seed_source = seed_source
         self.task = task
-        self.toolbox = make_toolbox(config, seed_source, task, evaluate=evaluate, map_fn=map_fn, record=record)
+        self.toolbox = make_toolbox(config, seed_source, task, evaluate=evaluate, record=record)
         self.on_generation = on_generation
         self.hof = tools.HallOfFame(config.search.hall_of_fame, similar=lambda a, b: a.id == b.id)
+        self.stats = make_statistics()
+        self.logbook = tools.Logbook()
         self.champion: Individual | None = None
         self.seen: set[str] = set()
+        self.taken: list[Individual] = []             # items taken in, in index order
         self.surrogate = Surrogate(operator_names(), SURROGATE_TUNABLES)
         self.credit: dict[str, list[int]] = {}        # operator -> [tries, wins over the parent]
         self.speedups: dict[str, float] = {}          # individual id -> speedup (PASS only)
@@ -106,9 +125,31 @@ class Search:
                 tries, wins = self.credit.get(op, [0, 0])
                 self.credit[op] = [tries + 1, wins + int(won)]
 
-    # -- generation 0 ---------------------------------------------------------------------------
+    def record(self, individuals: list[Individual]) -> None:
+        """Take judged individuals in: what the search learns, the hall of fame, the champion."""
+        self.learn(individuals)
+        passed = [ind for ind in individuals if ind.passed]
+        self.hof.update(passed)
+        for ind in passed:
+            if beats(ind, self.champion):
+                self.champion = ind
+
+    def pool(self) -> list[Individual]:
+        """The population selection draws from: the hall of fame + the latest items taken in."""
+        elites = list(self.hof)
+        ids = {e.id for e in elites}
+        rest = [ind for ind in self.taken if ind.id not in ids]
+        return elites + rest[-(self.config.search.population - len(elites)):]
+
+    def cut(self) -> int | None:
+        """The cascade's cut for a child bred now: prune_factor x the champion's cycles."""
+        factor = self.config.search.prune_factor
+        best = self.champion.result.metrics.estimated_cycles if self.champion else None
+        return int(best * factor) if factor and best else None
+
+    # -- breeding -----------------------------------------------------------------------------------
     def initial_population(self) -> list[Individual]:
-        rng = random.Random(generation_rng(self.config.search.rng_seed, 0))
+        rng = random.Random(item_rng(self.config.search.rng_seed, 0))
         seed = Individual(self.seed_source, edits=[], generation=0)
         population, self.seen = [seed], {seed.id}
         # Half the first population covers the block shapes; the rest are random moves.
@@ -127,63 +168,85 @@ class Search:
                 population.append(child)
         return population
 
-    def record(self, population: list[Individual]) -> None:
-        self.learn(population)
-        passed = [ind for ind in population if ind.passed]
-        self.hof.update(passed)
-        for ind in passed:
-            if beats(ind, self.champion):
-                self.champion = ind
-
-    # -- one generation ---------------------------------------------------------------------------
-    def breed(self, population: list[Individual], generation: int) -> list[Individual]:
-        state = generation_rng(self.config.search.rng_seed, generation)
+    def breed_one(self, index: int, generation: int) -> Individual | None:
+        """Item ``index``: a new child of the pool as it stands, or None if none new was found."""
+        s = self.config.search
+        state = item_rng(s.rng_seed, index)
         rng = random.Random(state)
         random.seed(state)   # DEAP's selection draws from the global generator
-        elites = list(self.hof)
-        k = self.config.search.population - len(elites)
-        wanted = k * (self.config.search.oversample if self.surrogate.ready else 1)
-        parents = self.toolbox.select(population, k)
-        weights = self.weights()
-        children: list[Individual] = []
-        for n in range(wanted):
-            parent = parents[n % len(parents)]
-            for _ in range(self.config.search.max_tries):
-                if rng.random() < self.config.search.crossover_prob:
-                    other = rng.choice(parents)
-                    child = self.toolbox.mate(parent, other, rng=rng, generation=generation)
+        pool, weights = self.pool(), self.weights()
+        want = s.oversample if self.surrogate.ready else 1
+        candidates: list[Individual] = []
+        for _ in range(want):
+            for _ in range(s.max_tries):
+                first, second = self.toolbox.select(pool, 2)
+                if rng.random() < s.crossover_prob:
+                    child = self.toolbox.mate(first, second, rng=rng, generation=generation)
                 else:
-                    child = self.toolbox.mutate(parent, rng=rng, generation=generation,
-                                                max_chain=self.config.search.max_chain, weights=weights)
+                    child = self.toolbox.mutate(first, rng=rng, generation=generation,
+                                                max_chain=s.max_chain, weights=weights)
                 if child is not None and child.id not in self.seen and \
-                        child.id not in {c.id for c in children}:
-                    children.append(child)
+                        child.id not in {c.id for c in candidates}:
+                    candidates.append(child)
                     break
-        if len(children) > k:     # the surrogate keeps the k children it ranks fastest
-            ranked = sorted(range(len(children)),
-                            key=lambda i: (self.surrogate.predict(children[i].source, children[i].edits), i))
-            children = [children[i] for i in sorted(ranked[:k])]
-        self.seen.update(c.id for c in children)
-        return elites, children
+        if not candidates:
+            return None
+        # The surrogate keeps the candidate it ranks fastest (ties: the first bred).
+        best = min(range(len(candidates)),
+                   key=lambda i: (self.surrogate.predict(candidates[i].source, candidates[i].edits), i)) \
+            if len(candidates) > 1 else 0
+        child = candidates[best]
+        child.cut = self.cut()
+        self.seen.add(child.id)
+        return child
 
-    def evaluate(self, individuals: list[Individual]) -> None:
-        for ind, outcome in zip(individuals, self.toolbox.map(self.toolbox.evaluate, individuals)):
-            self.toolbox.record(ind, outcome)
+    # -- the loop -----------------------------------------------------------------------------------
+    def run(self, executor) -> Individual | None:
+        """Judge the first population and ``generations x (population - hall_of_fame)`` children
+        through ``executor``, keeping every worker busy; returns the champion."""
+        s = self.config.search
+        items: list[Individual | None] = list(self.initial_population())
+        n0, per_generation = len(items), s.population - s.hall_of_fame
+        total = n0 + s.generations * per_generation
+        ends = {n0 - 1 + g * per_generation: g for g in range(s.generations + 1)}   # last index -> gen
+        pending: dict[concurrent.futures.Future, int] = {}
+        done: dict[int, Any] = {}
+        for i, ind in enumerate(items):
+            pending[executor.submit(self.toolbox.evaluate, ind)] = i
+        taken = 0
 
-    def run(self, population: list[Individual], start: int = 0) -> Individual | None:
-        """Evaluate ``population`` as generation ``start`` and go on to the last generation."""
-        self.seen.update(ind.id for ind in population)
-        self.evaluate(population)
-        self.record(population)
-        self.on_generation(start, population, self)
-        return self.evolve(population, start + 1)
+        def breed_ready() -> None:
+            # Child i is bred right after item i - lag is taken in (and never before the seed
+            # is), never later: what it sees does not depend on which other results are ready.
+            while len(items) < total and taken >= 1 and len(items) <= taken + s.lag - 1:
+                i = len(items)
+                child = self.breed_one(i, 1 + (i - n0) // per_generation)
+                items.append(child)
+                if child is None:
+                    done[i] = None
+                else:
+                    pending[executor.submit(self.toolbox.evaluate, child)] = i
 
-    def evolve(self, population: list[Individual], first: int) -> Individual | None:
-        """Generations ``first``..last, starting from an evaluated ``population``."""
-        for generation in range(first, self.config.search.generations + 1):
-            elites, children = self.breed(population, generation)
-            self.evaluate(children)
-            self.record(children)
-            population = elites + children
-            self.on_generation(generation, population, self)
+        breed_ready()
+        while taken < total:
+            while taken in done:           # results are taken in strictly in index order
+                ind, outcome = items[taken], done.pop(taken)
+                if ind is not None:
+                    self.toolbox.record(ind, outcome)
+                    self.record([ind])
+                    self.taken.append(ind)
+                if taken in ends:
+                    self._close_generation(ends[taken])
+                taken += 1
+                breed_ready()
+            if taken >= total:
+                break
+            finished, _ = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
+            for future in finished:
+                done[pending.pop(future)] = future.result()
         return self.champion
+
+    def _close_generation(self, generation: int) -> None:
+        pool = self.pool()
+        self.logbook.record(gen=generation, evals=len(self.taken), **self.stats.compile(pool))
+        self.on_generation(generation, pool, self)

@@ -36,8 +36,9 @@ def stage_seconds(df: pd.DataFrame) -> dict[str, float]:
     return {k: float(v) for k, v in out.items()}
 
 
-def format_breakdown(df: pd.DataFrame) -> str:
-    """A table of where the worker time went, with kernels judged per minute of run time."""
+def format_breakdown(df: pd.DataFrame, workers: int | None = None) -> str:
+    """A table of where the worker time went, with kernels judged per minute of run time and,
+    given the run's number of workers, how busy they were while it judged."""
     judged = df[~df["from_archive"].fillna(False).astype(bool)] if "from_archive" in df.columns else df
     seconds = stage_seconds(df)
     total = sum(seconds.values())
@@ -55,6 +56,9 @@ def format_breakdown(df: pd.DataFrame) -> str:
         if span > 0:
             lines.append(f"run time judging: {span / 60:.1f} min; {len(judged) / (span / 60):.2f} kernels "
                          "judged per minute")
+            if workers:
+                busy = float(_col(judged, "wall_time_s").sum())
+                lines.append(f"workers busy: {busy / (workers * span):.0%} of {workers} x {span / 60:.1f} min")
     by_status = judged["status"].value_counts().to_dict() if len(judged) else {}
     lines.append("judged kernels by status: " + (", ".join(f"{k} {v}" for k, v in sorted(by_status.items()))
                                                  or "-"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 import json
 import random
 from typing import Any, ClassVar, Literal
@@ -80,6 +81,12 @@ class MutationResult:
         return self.status == "applied"
 
 
+@functools.lru_cache(maxsize=512)
+def parse(source: str) -> cst.Module:
+    """The source's tree, parsed once: libcst trees are immutable, so operators share them."""
+    return cst.parse_module(source)
+
+
 class Operator(abc.ABC):
     """A named source rewrite with a precondition and a sampled parameter space.
 
@@ -108,7 +115,22 @@ class Operator(abc.ABC):
     # ---- public API -----------------------------------------------------------------------
     def check(self, source: str, task: Any) -> Applicability:
         try:
-            module = cst.parse_module(source)
+            key = (source, task)
+            hash(key)
+        except TypeError:             # an unhashable task: no memo
+            return self._check_now(source, task)
+        memo = Operator._memo
+        if (self.name, key) not in memo:
+            if len(memo) > 4096:
+                memo.clear()
+            memo[(self.name, key)] = self._check_now(source, task)
+        return memo[(self.name, key)]
+
+    _memo: ClassVar[dict] = {}       # (operator, source, task) -> Applicability: a pure function
+
+    def _check_now(self, source: str, task: Any) -> Applicability:
+        try:
+            module = parse(source)
         except cst.ParserSyntaxError as exc:
             return Applicability(False, f"source does not parse: {_one_line(str(exc))}")
         try:
@@ -123,7 +145,7 @@ class Operator(abc.ABC):
         applicability = self.check(source, task)
         if not applicability.ok:
             raise ValueError(f"{self.name} does not apply: {applicability.reason}")
-        return self._sample(cst.parse_module(source), task, rng)
+        return self._sample(parse(source), task, rng)
 
     def apply(self, source: str, task: Any, rng: random.Random) -> MutationResult:
         """Sample parameters from ``rng``, then rewrite. Never raises."""
@@ -131,7 +153,7 @@ class Operator(abc.ABC):
         if not applicability.ok:
             return MutationResult("not_applicable", source, None, applicability.reason)
         try:
-            params = self._sample(cst.parse_module(source), task, rng)
+            params = self._sample(parse(source), task, rng)
         except NotApplicable as exc:
             return MutationResult("not_applicable", source, None, str(exc))
         except Exception as exc:  # noqa: BLE001
@@ -149,7 +171,7 @@ class Operator(abc.ABC):
         if not applicability.ok:
             return MutationResult("not_applicable", source, edit, applicability.reason)
         try:
-            new_module = self._rewrite(cst.parse_module(source), task, dict(edit.params))
+            new_module = self._rewrite(parse(source), task, dict(edit.params))
             new_source = new_module.code
             compile(new_source, "<mutated kernel>", "exec")
         except NotApplicable as exc:

@@ -12,6 +12,7 @@ The structure the operators rely on (all present in the seed, and preserved by e
 
 from __future__ import annotations
 
+import functools
 import textwrap
 from collections.abc import Callable, Iterator
 
@@ -114,6 +115,7 @@ def wrapper(module: cst.Module) -> cst.FunctionDef:
     return fn
 
 
+@functools.lru_cache(maxsize=256)   # trees are immutable; nodes hash by identity
 def kernel_name(module: cst.Module) -> str:
     partials = find_all(wrapper(module), lambda n: is_call(n, "functools.partial"))
     for call in partials:
@@ -143,6 +145,7 @@ def kernel_kwonly(fn: cst.FunctionDef) -> list[str]:
     return [p.name.value for p in fn.params.kwonly_params]
 
 
+@functools.lru_cache(maxsize=256)
 def pallas_call(module: cst.Module) -> cst.Call:
     calls = find_all(wrapper(module), lambda n: is_call(n, "pl.pallas_call"))
     if len(calls) != 1:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -169,7 +170,10 @@ def test_kill_9_mid_generation_then_resume_loses_nothing_and_rejudges_nothing(tm
     assert r.returncode == 0, r.stderr[-2000:]
     after = Archive(data).evaluations(run_id)
     assert set(rows_before["individual_id"]) <= set(after["individual_id"])     # nothing lost
-    assert after["individual_id"].is_unique                                       # nothing re-judged
+    assert after["individual_id"].is_unique
+    # Nothing re-judged: the resume judged exactly the kernels that have no row from before.
+    judged = int(re.findall(r"\((\d+) judged, \d+ from archive\)", r.stderr)[-1])
+    assert judged == len(after) - len(rows_before[rows_before["run_id"] == run_id])
     assert set(after["generation"]) == {0, 1, 2}
     assert Archive(data).read_run_meta(run_id)["status"] == "finished"
 

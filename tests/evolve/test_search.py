@@ -1,19 +1,23 @@
-"""The search's parts without a judge: multi-knob mutation, operator payoff, the surrogate, and the
-rule that only a kernel that passed correctness can be selected, kept or crowned."""
+"""The search's parts without a judge: multi-knob mutation, operator payoff, the surrogate, the
+rule that only a kernel that passed correctness can be selected, kept or crowned, and the
+steady-state loop (same run whatever order workers finish in; no worker waits for a straggler)."""
 
 from __future__ import annotations
 
 import random
+import threading
+import time
 
 import pytest
 
 from evaluator.result import EvalResult, Metrics, Status
 from evolve.config import RunConfig, SearchConfig
+from evolve.executor import LocalExecutor
 from evolve.individual import Individual
 from evolve.search import Search
 from evolve.surrogate import Surrogate
 from evolve.variation import mutate
-from mutations import Edit, operator_names, replay
+from mutations import Edit, operator_names, read_tunables, replay
 from seeds.flash_attention.task import AttentionTask
 
 TASK = AttentionTask()
@@ -22,8 +26,7 @@ SEED = Individual(open("seeds/flash_attention/kernel.py").read(), edits=[])
 
 def _search(**search) -> Search:
     config = RunConfig(search=SearchConfig(**search))
-    return Search(config, SEED.source, TASK, evaluate=len, map_fn=map, record=print,
-                  on_generation=lambda *a: None)
+    return Search(config, SEED.source, TASK, evaluate=len, record=print)
 
 
 def _judged(ind: Individual, status: Status, cycles: int | None, speedup: float | None) -> Individual:
@@ -86,3 +89,59 @@ def test_only_a_kernel_that_passed_correctness_is_kept_or_crowned():
     search.record([fast_unchecked, fast_wrong, slow_right])
     assert search.champion is slow_right and [i.id for i in search.hof] == [slow_right.id]
     assert fast_unchecked.fitness.values == (0.0,) and fast_wrong.fitness.values == (0.0,)
+
+
+def _fake_cycles(ind: Individual) -> int:
+    """A deterministic stand-in for the estimate: bigger blocks and more edits are faster."""
+    t = read_tunables(ind.source)
+    return 4_000_000 // (t["BLOCK_Q"] * t["BLOCK_KV"] // 16384) + 100_000 // (1 + len(ind.edits))
+
+
+def _steady_run(delays: dict[int, float], workers: int = 2, **search):
+    """A steady-state run with a stand-in judge that takes delays[order] seconds for the
+    order-th candidate submitted; returns the items in the order taken in, and the log."""
+    log, lock, order = [], threading.Lock(), iter(range(10_000))
+
+    def evaluate(ind):
+        with lock:
+            n = next(order)
+            log.append(("start", n, ind.id))
+        time.sleep(delays.get(n, 0.0))
+        with lock:
+            log.append(("end", n, ind.id))
+        cycles = _fake_cycles(ind)
+        return EvalResult(Status.PASS, metrics=Metrics(estimated_cycles=cycles, speedup_vs_reference=1e6 / cycles))
+
+    def record(ind, result):
+        _judged(ind, result.status, result.metrics.estimated_cycles, result.metrics.speedup_vs_reference)
+
+    config = RunConfig(search=SearchConfig(**{"population": 4, "generations": 3, "hall_of_fame": 1,
+                                              "rng_seed": 5, "lag": 2 * workers, **search}))
+    gens = []
+    s = Search(config, SEED.source, TASK, evaluate=evaluate, record=record,
+               on_generation=lambda g, pool, search: gens.append(g))
+    with LocalExecutor(workers) as ex:
+        champion = s.run(ex)
+    return s, champion, log, gens
+
+
+def test_the_steady_state_run_is_the_same_whatever_order_workers_finish_in():
+    a, champ_a, _, gens = _steady_run({0: 0.3, 5: 0.2})       # a straggler early, one later
+    b, champ_b, _, _ = _steady_run({1: 0.3, 2: 0.1, 6: 0.3})
+    assert [(i.id, i.parent_ids, i.generation) for i in a.taken] == \
+        [(i.id, i.parent_ids, i.generation) for i in b.taken]
+    assert champ_a.id == champ_b.id and gens == [0, 1, 2, 3]
+    assert len(a.taken) == 4 + 3 * 3 and len({i.id for i in a.taken}) == len(a.taken)
+    assert [r["gen"] for r in a.logbook] == [0, 1, 2, 3] and a.logbook[-1]["best"] == champ_a.speedup
+
+
+def test_no_worker_waits_for_a_straggler():
+    # The first child (item 4, generation 1) takes 4 s. With lag 6 the other worker goes on
+    # with items 5..9, into generation 2, before the straggler ends: a generational loop would
+    # idle there until generation 1 was complete.
+    s, _, log, _ = _steady_run({4: 4.0}, workers=2, lag=6)
+    generation = {ind.id: ind.generation for ind in s.taken}
+    straggler = next(i for kind, n, i in log if kind == "start" and n == 4)
+    before = log[:log.index(("end", 4, straggler))]
+    assert generation[straggler] == 1
+    assert any(kind == "end" and generation[i] == 2 for kind, _, i in before), before
