@@ -10,7 +10,8 @@ import sys
 from evolve.errors import UsageError
 
 # Modules that contribute subcommands through add_commands(subparsers).
-COMMAND_MODULES = ("evolve.cli_eval", "evolve.cli_mutations", "evolve.cli_run", "evolve.cli_ablate")
+COMMAND_MODULES = ("evolve.cli_eval", "evolve.cli_mutations", "evolve.cli_run", "evolve.cli_ablate",
+                   "evolve.cli_bench")
 
 
 class _Parser(argparse.ArgumentParser):

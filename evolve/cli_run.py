@@ -100,7 +100,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
     archive = _archive(args.data_dir)
     meta = _meta(archive, args.run)
-    run = EvolutionRun(RunConfig.from_dict(meta["config"]), args.data_dir, run_id=args.run)
+    run = EvolutionRun(RunConfig.from_dict(meta["config"]), args.data_dir, run_id=args.run,
+                       strategy=meta.get("strategy", "ga"))
     _report(run, run.resume())
     return 0
 

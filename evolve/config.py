@@ -31,6 +31,13 @@ class SearchConfig:
     # Steady state: child i is bred from the results of items up to i - lag. 0: twice the judge's
     # workers, fixed when the run starts (and stored with it, so a resume replays the same run).
     lag: int = 0
+    # Distinct kernels to judge, the first population included. 0: population + generations x
+    # (population - hall_of_fame).
+    budget: int = 0
+
+    def total(self) -> int:
+        """How many kernels the run judges (distinct; some may come back from the archive)."""
+        return self.budget or self.population + self.generations * (self.population - self.hall_of_fame)
 
     def __post_init__(self) -> None:
         if self.population < 2:
@@ -47,6 +54,8 @@ class SearchConfig:
             raise UsageError(f"oversample must be at least 1 (1: no surrogate ranking), got {self.oversample}")
         if self.prune_factor != 0 and self.prune_factor < 1:
             raise UsageError(f"prune_factor must be 0 (off) or at least 1, got {self.prune_factor}")
+        if self.budget < 0:
+            raise UsageError(f"budget must be at least 1 kernel (0: from the generations), got {self.budget}")
         if self.lag < 0:
             raise UsageError(f"lag must be 0 (twice the workers) or more, got {self.lag}")
         if not 1 <= self.hall_of_fame < self.population:

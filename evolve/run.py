@@ -27,6 +27,7 @@ from evolve.config import RunConfig
 from evolve.individual import Individual
 from evolve.executor import make_executor
 from evolve.search import Search, item_rng
+from evolve.strategies import strategy_class
 from mlflow_runs import Tracker, ensure_store
 from mutations import read_tunables
 
@@ -72,13 +73,16 @@ class Progress:
 
 
 class EvolutionRun:
-    def __init__(self, config: RunConfig, data_dir: str, run_id: str | None = None) -> None:
+    def __init__(self, config: RunConfig, data_dir: str, run_id: str | None = None,
+                 strategy: str = "ga") -> None:
         workers = config.judge.workers or (os.cpu_count() or 1)
         # Fixed now and stored with the run: a resume elsewhere replays the same run.
         config = dataclasses.replace(
             config, judge=dataclasses.replace(config.judge, workers=workers),
             search=dataclasses.replace(config.search, lag=config.search.lag or 2 * workers))
         self.config = config
+        self.strategy = strategy
+        self.search: Search | None = None
         self.data_dir = Path(data_dir)
         self.archive = Archive(self.data_dir)
         self.run_id = run_id or new_run_id()
@@ -93,9 +97,7 @@ class EvolutionRun:
         self.in_run: set[str] = set()        # individuals that have a row in this run
         self.peers: dict[str, EvalResult] = {}
         self._peer_thread: threading.Thread | None = None
-        s = config.search
-        expected = s.population + s.generations * (s.population - s.hall_of_fame)
-        self.progress = Progress(expected)
+        self.progress = Progress(config.search.total())
 
     # ---- evaluation: archive first, then the judge, row appended the moment it is judged -------
     def _cached(self, ind: Individual) -> EvalResult | None:
@@ -141,8 +143,10 @@ class EvolutionRun:
             self.tracker.log_individual(row, parent)
 
     def _search(self) -> Search:
-        return Search(self.config, self.seed_source, self.task, evaluate=self._evaluate_one,
-                      record=self.record, on_generation=self.on_generation)
+        kind = strategy_class(self.strategy)
+        self.search = kind(self.config, self.seed_source, self.task, evaluate=self._evaluate_one,
+                           record=self.record, on_generation=self.on_generation)
+        return self.search
 
     def on_generation(self, generation: int, pool: list[Individual], search: Search) -> None:
         self.progress.generation = generation + 1
@@ -159,7 +163,7 @@ class EvolutionRun:
     def _meta(self, status: str) -> dict[str, Any]:
         return {"config": self.config.to_dict(), "task_key": self.task.key, "status": status,
                 "data_dir": str(self.data_dir), "timing_source": self.prov.timing_source,
-                "chip": self.prov.chip, **versions()}
+                "chip": self.prov.chip, "strategy": self.strategy, **versions()}
 
     def _judge_peers(self) -> None:
         for name, path in PEERS.get(self.config.task.seed, {}).items():

@@ -202,13 +202,15 @@ class Search:
 
     # -- the loop -----------------------------------------------------------------------------------
     def run(self, executor) -> Individual | None:
-        """Judge the first population and ``generations x (population - hall_of_fame)`` children
-        through ``executor``, keeping every worker busy; returns the champion."""
+        """Judge the first population and children up to the configured total, through
+        ``executor``, keeping every worker busy; returns the champion."""
         s = self.config.search
-        items: list[Individual | None] = list(self.initial_population())
+        total = s.total()
+        items: list[Individual | None] = list(self.initial_population())[:total]
         n0, per_generation = len(items), s.population - s.hall_of_fame
-        total = n0 + s.generations * per_generation
-        ends = {n0 - 1 + g * per_generation: g for g in range(s.generations + 1)}   # last index -> gen
+        total = max(total, n0)
+        ends = {min(n0 - 1 + g * per_generation, total - 1): g
+                for g in range(1 + -(-(total - n0) // per_generation))}   # last index -> generation
         pending: dict[concurrent.futures.Future, int] = {}
         done: dict[int, Any] = {}
         for i, ind in enumerate(items):
