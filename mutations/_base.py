@@ -97,6 +97,8 @@ class Operator(abc.ABC):
     """
 
     name: ClassVar[str]
+    # False for rewrites that change the arithmetic's precision (the judge decides per task).
+    exact: ClassVar[bool] = True
     description: ClassVar[str]
 
     # ---- to implement ---------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ._approx_reciprocal import ApproxReciprocal
 from ._base import Operator
 from ._block_sizes import BlockSizes
 from ._causal_skip import CausalSkip
@@ -15,7 +16,7 @@ from ._vmem_limit import VmemLimit
 _OPERATORS: dict[str, Operator] = {
     op.name: op
     for op in (BlockSizes(), CompactScratch(), DeferredNormalisation(), CausalSkip(),
-               HeadCoarsening(), VmemLimit(), Exp2Softmax(), DiagonalStrips())
+               HeadCoarsening(), VmemLimit(), Exp2Softmax(), DiagonalStrips(), ApproxReciprocal())
 }
 
 

@@ -264,6 +264,19 @@ def test_exp2_softmax_needs_the_scaling():
     assert "sm_scale" in not_applicable("exp2_softmax", MINI.replace("    s = s * sm_scale\n", ""))
 
 
+# ---- approximate reciprocal -------------------------------------------------------------------
+def test_approx_reciprocal_before_after():
+    deferred = apply("deferred_norm")
+    after = apply("approx_reciprocal", deferred)
+    assert "acc_scratch[...] * pl.reciprocal(l_scratch[...][:, :1], approx=True)" in after
+    assert "/ l_scratch" not in after
+    assert "already" in not_applicable("approx_reciprocal", after)
+
+
+def test_approx_reciprocal_needs_the_deferred_normalisation():
+    assert "deferred_norm" in not_applicable("approx_reciprocal")
+
+
 # ---- all operators --------------------------------------------------------------------------
 OPS = ["block_sizes", "compact_scratch", "deferred_norm", "causal_skip", "head_coarsening", "vmem_limit",
        "exp2_softmax"]
