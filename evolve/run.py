@@ -117,6 +117,7 @@ class EvolutionRun:
     def _evaluate_one(self, ind: Individual) -> tuple[EvalResult, bool, dict]:
         """Runs on an executor's worker: the archive's verdict, else the sandboxed judge's."""
         cut = ind.cut
+        self.progress.generation = max(self.progress.generation, ind.generation)
         cached = self._cached(ind)
         if cached is not None and cached.status is Status.PRUNED and (
                 cut is None or (cached.metrics.estimated_cycles or 0) <= cut):
@@ -149,7 +150,6 @@ class EvolutionRun:
         return self.search
 
     def on_generation(self, generation: int, pool: list[Individual], search: Search) -> None:
-        self.progress.generation = generation + 1
         self.archive.append_generation(self.run_id, generation, [i.id for i in pool],
                                        [i.id for i in search.hof],
                                        item_rng(self.config.search.rng_seed, len(search.taken)))
