@@ -381,13 +381,15 @@ class Judge:
         finally:
             shutil.rmtree(private, ignore_errors=True)
 
-    def evaluate_many(self, sources: Sequence[str], task: AttentionTask) -> list[EvalResult]:
+    def evaluate_many(self, sources: Sequence[str], task: AttentionTask, *,
+                      prune_above_cycles: int | None = None) -> list[EvalResult]:
         """Judge several sources in parallel, one sandboxed worker per core."""
         if not sources:
             return []
         self.reference_timing(task)      # once, before any candidate runs
         with concurrent.futures.ThreadPoolExecutor(self.config.workers) as pool:
-            return list(pool.map(lambda s: self.evaluate(s, task), sources))
+            return list(pool.map(lambda s: self.evaluate(s, task, prune_above_cycles=prune_above_cycles),
+                                 sources))
 
     def _trace(self, source: str, task: AttentionTask) -> tuple[ChildOutcome, bytes | None]:
         """Run the candidate in the jail; return what it said and the jaxpr it traced (as data)."""

@@ -12,6 +12,7 @@ from evaluator.result import EvalResult
 from mutations import Edit, all_operators, replay
 
 JAX_KERNEL = Path(__file__).resolve().parent.parent / "examples" / "jax_flash_attention.py"
+JAX_TUNED = Path(__file__).resolve().parent.parent / "examples" / "jax_flash_attention_tuned.py"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,17 +35,10 @@ def variants(op, source: str, task, tries: int = 60, limit: int = 12) -> list[tu
     return [(edit, src) for src, edit in seen.items()]
 
 
-_KNOBS = ("block_sizes", "head_coarsening", "vmem_limit")
-
-
-def _best_blocks(entries: list[Entry]) -> tuple[int, int] | None:
-    """(BLOCK_Q, BLOCK_KV) from the best single block-size edits (128 where none won)."""
-    values = {"BLOCK_Q": 128, "BLOCK_KV": 128}
-    for tunable in values:
-        best = _best([e for e in entries if e.edits[0].params.get("tunable") == tunable])
-        if best is not None:
-            values[tunable] = best.edits[0].params["value"]
-    return values["BLOCK_Q"], values["BLOCK_KV"]
+_KNOBS = ("block_sizes", "head_coarsening", "vmem_limit", "diagonal_strips")
+# The grid of the knobs that interact (all with every parameterless operator applied).
+GRID_BLOCKS = ((512, 512), (1024, 1024), (2048, 2048), (1024, 2048), (2048, 1024))
+GRID_PRUNE = 1.25      # grid kernels estimated over this x the best so far end PRUNED
 
 
 def _best(entries: list[Entry]) -> Entry | None:
@@ -52,55 +46,90 @@ def _best(entries: list[Entry]) -> Entry | None:
     return max(passed, key=lambda e: e.result.metrics.speedup_vs_reference or 0.0, default=None)
 
 
+def _prerequisite(op, seed_source: str, task) -> tuple[Edit, str] | None:
+    """A parameterless operator after which ``op`` applies (e.g. causal_skip for
+    diagonal_strips), for an operator that does not apply to the seed itself."""
+    for other in all_operators():
+        if other.name == op.name or other.name in _KNOBS:
+            continue
+        result = other.apply(seed_source, task, random.Random(0))
+        if result.applied and op.check(result.source, task).ok:
+            return result.edit, result.source
+    return None
+
+
+def _replay_all(seed_source: str, edits: list[Edit], task) -> tuple[str, tuple[Edit, ...]]:
+    source, kept = seed_source, []
+    for edit in edits:
+        r = replay(source, [edit], task)
+        if r.applied and r.source != source:
+            source, kept = r.source, kept + [edit]
+    return source, tuple(kept)
+
+
+def _grid(judge: Judge, seed_source: str, task, singles: dict[str, list[Entry]], best_cycles: int | None
+          ) -> tuple[Entry | None, int]:
+    """Every parameterless operator, over blocks x heads per program x diagonal strips, judged
+    best-looking first in batches; kernels over GRID_PRUNE x the best PASS so far are PRUNED."""
+    from mutations import legal_values
+
+    fixed = [e.edits[-1] for name, group in singles.items() if name not in _KNOBS for e in group[:1]]
+    vmem = max((e.edits[-1] for e in singles.get("vmem_limit", [])), key=lambda x: x.params.get("mib", 0),
+               default=None)
+    heads = [None] + [e.edits[-1] for e in singles.get("head_coarsening", [])]
+    strips = [None] + sorted({e.edits[-1].params["strip"]: e.edits[-1] for e in singles.get("diagonal_strips", [])
+                              }.items())
+    legal_q, legal_kv = set(legal_values("BLOCK_Q", task)), set(legal_values("BLOCK_KV", task))
+    pairs = [(q, kv) for q, kv in GRID_BLOCKS if q in legal_q and kv in legal_kv] or [(max(legal_q), max(legal_kv))]
+    candidates, seen = [], set()
+    for q, kv in sorted(pairs, key=lambda p: -p[0] * p[1]):
+        for hc in heads:
+            for strip in strips:
+                edits = ([hc] if hc else []) + fixed + ([vmem] if vmem else []) + [
+                    Edit("block_sizes", {"tunable": "BLOCK_Q", "value": q}),
+                    Edit("block_sizes", {"tunable": "BLOCK_KV", "value": kv})] + ([strip[1]] if strip else [])
+                source, kept = _replay_all(seed_source, edits, task)
+                if source not in seen:
+                    seen.add(source)
+                    candidates.append(Entry("all operators together", kept, source))
+    judged: list[Entry] = []
+    workers = judge.config.workers
+    for start in range(0, len(candidates), workers):
+        cut = int(best_cycles * GRID_PRUNE) if best_cycles else None
+        batch = candidates[start:start + workers]
+        results = judge.evaluate_many([e.source for e in batch], task, prune_above_cycles=cut)
+        for entry, result in zip(batch, results):
+            judged.append(dataclasses.replace(entry, result=result))
+            if result.ok and result.metrics.estimated_cycles:
+                best_cycles = min(best_cycles or result.metrics.estimated_cycles, result.metrics.estimated_cycles)
+    best = _best(judged) or (judged[0] if judged else None)
+    return best, len(judged)
+
+
 def run_ablation(judge: Judge, seed_source: str, task, *, include_jax: bool = True) -> list[Entry]:
     ops = all_operators()
     singles: dict[str, list[Entry]] = {}
     for op in ops:
-        singles[op.name] = [Entry(f"seed + {op.name}", (edit,), src) for edit, src in variants(op, seed_source, task)]
+        base, base_edits, label = seed_source, (), f"seed + {op.name}"
+        if not op.check(seed_source, task).ok:
+            pre = _prerequisite(op, seed_source, task)
+            if pre is not None:
+                base, base_edits, label = pre[1], (pre[0],), f"seed + {pre[0].op} + {op.name}"
+        singles[op.name] = [Entry(label, base_edits + (edit,), src) for edit, src in variants(op, base, task)]
     batch = [Entry("seed", (), seed_source)] + [e for group in singles.values() for e in group]
-    if include_jax and JAX_KERNEL.is_file():
-        batch.append(Entry("JAX flash_attention (default blocks)", (), JAX_KERNEL.read_text()))
+    peers = [("JAX flash_attention (default blocks)", JAX_KERNEL),
+             ("JAX flash_attention (tuned blocks)", JAX_TUNED)] if include_jax else []
+    batch += [Entry(label, (), path.read_text()) for label, path in peers if path.is_file()]
     results = judge.evaluate_many([e.source for e in batch], task)
     batch = [dataclasses.replace(e, result=r) for e, r in zip(batch, results)]
     by_source = {e.source: e for e in batch}
     for name in singles:
         singles[name] = [by_source[e.source] for e in singles[name]]
 
-    # All operators together. The parameterless rewrites as they are; the knobs whose best values
-    # alone need not fit together (heads per program and block sizes exhaust VMEM jointly) over a
-    # small grid, with the largest VMEM limit; the best PASS of each group is reported.
-    fixed = [e.edits[0] for name in singles if name not in _KNOBS for e in singles[name][:1]]
-    vmem = max((e.edits[0] for e in singles.get("vmem_limit", [])), key=lambda x: x.params.get("mib", 0),
-               default=None)
-    heads = [e.edits[0] for e in singles.get("head_coarsening", [])]
-    pairs = {_best_blocks(singles.get("block_sizes", [])), (1024, 1024), (512, 512), (256, 512)}
-    groups = {"all operators together": [], "all but head_coarsening": []}
-    for bq, bkv in sorted(p for p in pairs if p is not None):
-        blocks = [Edit("block_sizes", {"tunable": "BLOCK_Q", "value": bq}),
-                  Edit("block_sizes", {"tunable": "BLOCK_KV", "value": bkv})]
-        base = fixed + ([vmem] if vmem else [])
-        groups["all but head_coarsening"].append(base + blocks)
-        groups["all operators together"].extend(base + [hc] + blocks for hc in heads)
-    combos, seen = [], set()
-    for label, histories in groups.items():
-        for edits in histories:
-            source, kept = seed_source, []
-            for edit in edits:
-                r = replay(source, [edit], task)
-                if r.applied:
-                    source, kept = r.source, kept + [edit]
-            if (label, source) not in seen:
-                seen.add((label, source))
-                combos.append(Entry(label, tuple(kept), source))
-    combo_results = judge.evaluate_many([e.source for e in combos], task)
-    combos = [dataclasses.replace(e, result=r) for e, r in zip(combos, combo_results)]
-    best_combos = []
-    for label in groups:
-        tried = [e for e in combos if e.label == label]
-        best = _best(tried) or (tried[0] if tried else None)
-        if best is not None:
-            best_combos.append(dataclasses.replace(best, label=f"{label} (best of {len(tried)} tried)"))
-    combos = best_combos
+    ours = [e for e in batch if not e.label.startswith("JAX") and e.result.ok]
+    best_cycles = min((e.result.metrics.estimated_cycles for e in ours if e.result.metrics.estimated_cycles),
+                      default=None)
+    grid, tried = _grid(judge, seed_source, task, singles, best_cycles)
 
     rows = [batch[0]]
     for op in ops:
@@ -109,9 +138,25 @@ def run_ablation(judge: Judge, seed_source: str, task, *, include_jax: bool = Tr
             best = singles[op.name][0]
         if best is not None:
             rows.append(best)
-    rows.extend(combos)
+    if grid is not None:
+        rows.append(dataclasses.replace(grid, label=f"all operators together (best of {tried} in a grid of "
+                                                    "blocks x heads per program x strips)"))
     rows.extend(e for e in batch if e.label.startswith("JAX"))
     return rows
+
+
+def ablation_json(rows: list[Entry], task, judge: Judge) -> list[dict]:
+    """One object per row, each with its provenance (timing source, chip, versions)."""
+    prov = judge.provenance()
+    out = []
+    for e in rows:
+        r, m = e.result, e.result.metrics
+        out.append({"label": e.label, "edits": [x.to_dict() for x in e.edits], "status": r.status.value,
+                    "estimated_cycles": m.estimated_cycles, "latency_s": m.latency_s,
+                    "speedup_vs_reference": m.speedup_vs_reference, "error": r.error or None,
+                    "task_key": task.key, "timing_source": prov.timing_source, "chip": prov.chip,
+                    "libtpu_version": prov.libtpu_version, "jax_version": prov.jax_version})
+    return out
 
 
 def format_ablation(rows: list[Entry], task, judge: Judge) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from evolve.cli_eval import add_task_arguments, task_from_args
@@ -11,7 +12,7 @@ from evolve.errors import UsageError
 
 def cmd_ablate(args: argparse.Namespace) -> int:
     from evaluator.judge import Judge, JudgeConfig
-    from evolve.ablation import format_ablation, run_ablation
+    from evolve.ablation import ablation_json, format_ablation, run_ablation
 
     task = task_from_args(args)
     seed = Path(__file__).resolve().parent.parent / "seeds" / "flash_attention" / "kernel.py"
@@ -20,13 +21,17 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     rows = run_ablation(judge, seed.read_text(), task, include_jax=not args.no_jax)
-    print(format_ablation(rows, task, judge))
+    if args.json:
+        print(json.dumps(ablation_json(rows, task, judge), indent=1))
+    else:
+        print(format_ablation(rows, task, judge))
     return 0
 
 
 def add_commands(subparsers) -> None:
-    p = subparsers.add_parser("ablate", help="the seed, each operator alone, all together, and JAX's kernel")
+    p = subparsers.add_parser("ablate", help="the seed, each operator alone, all together over a grid of knobs, and JAX's kernel")
     add_task_arguments(p)
     p.add_argument("--workers", type=int, default=0, help="parallel judges (default: one per core)")
     p.add_argument("--no-jax", action="store_true", help="leave JAX's own flash attention out")
+    p.add_argument("--json", action="store_true", help="print the rows as a JSON array, one object per row")
     p.set_defaults(func=cmd_ablate)
