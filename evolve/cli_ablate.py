@@ -29,7 +29,8 @@ def cmd_ablate(args: argparse.Namespace) -> int:
 
 
 def add_commands(subparsers) -> None:
-    p = subparsers.add_parser("ablate", help="the seed, each operator alone, all together over a grid of knobs, and JAX's kernel")
+    p = subparsers.add_parser("ablate", help="the seed, each operator alone, all together over a grid "
+                                              "of knobs, and JAX's kernel")
     add_task_arguments(p)
     p.add_argument("--workers", type=int, default=0, help="parallel judges (default: one per core)")
     p.add_argument("--no-jax", action="store_true", help="leave JAX's own flash attention out")
