@@ -1,7 +1,8 @@
 """The evolutionary loop: DEAP's toolbox, tournament selection, a hall of fame as the ratchet,
 run steady-state so that no worker waits for a generation's straggler.
 
-    items 0..n0-1   <- seed + distinct block shapes (some with more edits) + mutants of the seed
+    items 0..n0-1   <- seed + distinct block shapes, most with a chain of other operators that
+                       covers them all
     item i >= n0    <- bred as soon as items 0..i-lag have been judged and taken in (in index
                        order), from the pool as it stood then:
         pool     <- the hall of fame (the best PASS ever seen; never lost) + the latest
@@ -152,8 +153,9 @@ class Search:
         rng = random.Random(item_rng(self.config.search.rng_seed, 0))
         seed = Individual(self.seed_source, edits=[], generation=0)
         population, self.seen = [seed], {seed.id}
-        # Half the first population covers the block shapes; the rest are random moves.
-        for child in block_shapes(seed, self.task, rng, (self.config.search.population - 1) // 2,
+        # The first population covers the block shapes (each with, mostly, a chain of other
+        # operators that covers them all); random moves from the seed only fill what is left.
+        for child in block_shapes(seed, self.task, rng, self.config.search.population - 1,
                                   max_chain=self.config.search.max_chain):
             if child.id not in self.seen:
                 self.seen.add(child.id)

@@ -44,17 +44,19 @@ def mutate(parent: Individual, seed_source: str, task: Any, rng: random.Random,
 
 
 def block_shapes(seed: Individual, task: Any, rng: random.Random, count: int, generation: int = 0,
-                 max_chain: int = 1) -> list[Individual]:
+                 max_chain: int = 1, chained: float = 0.75) -> list[Individual]:
     """``count`` children of the seed with distinct (BLOCK_Q, BLOCK_KV), drawn without replacement
-    from every legal pair, each followed, half of the time, by a chain of other operators: a
-    first population that covers the block shapes instead of clustering near the seed's."""
-    from mutations import get_operator, legal_values, read_tunables
+    from every legal pair; with probability ``chained`` each is followed by a chain of 1..max_chain-1
+    other operators, drawn to cover every operator before any repeats: a first population that
+    spans the block shapes and tells the search (and its surrogate) what each operator does."""
+    from mutations import get_operator, legal_values, operator_names, read_tunables
 
     current = read_tunables(seed.source)
     pairs = [(q, kv) for q in legal_values("BLOCK_Q", task) for kv in legal_values("BLOCK_KV", task)
              if (q, kv) != (current.get("BLOCK_Q"), current.get("BLOCK_KV"))]
     rng.shuffle(pairs)
     blocks = get_operator("block_sizes")
+    used = {name: 0 for name in operator_names() if name != "block_sizes"}
     children = []
     for q, kv in pairs[:count]:
         source, edits = seed.source, []
@@ -66,10 +68,14 @@ def block_shapes(seed: Individual, task: Any, rng: random.Random, count: int, ge
                            operator="+".join(e.op for e in edits), generation=generation,
                            params={"chain": [e.to_dict() for e in edits]} if len(edits) > 1 else
                            dict(edits[0].params))
-        if max_chain > 1 and rng.random() < 0.5:
-            more = mutate(child, seed.source, task, rng, generation, max_chain=max_chain - 1)
+        if max_chain > 1 and rng.random() < chained:
+            fewest = min(used.values())       # operators used least so far are drawn first
+            weights = {name: 1.0 if n == fewest else 0.02 for name, n in used.items()} | {"block_sizes": 0.02}
+            more = mutate(child, seed.source, task, rng, generation, max_chain=max_chain - 1, weights=weights)
             if more is not None:
                 chain = edits + [Edit.from_dict(e) for e in more.edits[len(edits):]]
+                for e in chain[len(edits):]:
+                    used[e.op] = used.get(e.op, 0) + 1
                 child = Individual(more.source, edits=[e.to_dict() for e in chain], parent_ids=(seed.id,),
                                    operator="+".join(e.op for e in chain), generation=generation,
                                    params={"chain": [e.to_dict() for e in chain]})
