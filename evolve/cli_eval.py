@@ -92,6 +92,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         source = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"cannot read {args.path}: {exc}") from None
+    try:
+        compile(source, str(path), "exec")
+    except (SyntaxError, ValueError) as exc:
+        where = f" (line {exc.lineno})" if getattr(exc, "lineno", None) else ""
+        raise UsageError(f"{args.path} is not Python{where}; give the path of a Python file that "
+                         "defines flash_attention(q, k, v, *, causal, sm_scale)") from None
     task = task_from_args(args)
     check_tiling(source, task)
     try:

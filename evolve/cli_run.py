@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -137,12 +139,64 @@ def cmd_status(args: argparse.Namespace) -> int:
         best_speedup=("speedup_vs_reference", "max"),
         median_speedup=("speedup_vs_reference", "median"))
     sources = ", ".join(sorted(df["timing_source"].dropna().unique())) or "-"
+    meta = _meta(archive, args.run)
     print(f"run {args.run} (timing source: {sources})")
+    if args.ids:
+        first = df.drop_duplicates("individual_id", keep="first")
+        cols = [c for c in ("individual_id", "generation", "status", "speedup_vs_reference", "operator")
+                if c in first.columns]
+        print(first[cols].to_string(index=False))
+        return 0
     print(table.to_string())
     print()
-    workers = (_meta(archive, args.run).get("config", {}).get("judge", {}) or {}).get("workers") or None
+    print(_champion_line(archive, args.run, meta))
+    print()
+    workers = (meta.get("config", {}).get("judge", {}) or {}).get("workers") or None
     print(format_breakdown(df, workers=workers))
     return 0
+
+
+def _champion_line(archive, run_id: str, meta: dict) -> str:
+    from archive import edit_label
+    from evolve.run import lineage_rows
+
+    champion_id = meta.get("champion_id")
+    if not champion_id:
+        return "champion: none yet"
+    chain = lineage_rows(archive, run_id, champion_id)
+    if not chain:
+        return f"champion: {champion_id}"
+    row = chain[-1]
+    speedup = row.get("speedup_vs_reference")
+    cycles = row.get("estimated_cycles")
+    figures = ", ".join(x for x in (f"{speedup:.3f}x the XLA reference" if speedup else "",
+                                    f"{int(cycles):,} estimated cycles" if cycles and cycles == cycles else "")
+                        if x)
+    path = " -> ".join(["seed", *(edit_label(r) for r in chain[1:])])
+    return (f"champion: {champion_id} ({figures})\n  {path}\n"
+            f"  'evolve lineage {champion_id}' draws it; 'evolve promote {run_id}' writes it out")
+
+
+_UI_RUN_NAME = re.compile(r"^g\d{3,}-(?P<id>[0-9a-f]+)$")
+
+
+def resolve_id(archive, text: str, data_dir: str) -> str:
+    """An individual id from itself, a unique prefix of it, or the UI's run name ``g004-<id>``."""
+    text = text.strip()
+    match = _UI_RUN_NAME.match(text)
+    wanted = match.group("id") if match else text
+    df = archive.evaluations()
+    ids = set(df["individual_id"].astype(str)) if not df.empty else set()
+    if wanted in ids:
+        return wanted
+    hits = sorted(i for i in ids if i.startswith(wanted)) if wanted else []
+    if len(hits) == 1:
+        return hits[0]
+    hint = "'evolve status RUN --ids' lists a run's individuals"
+    if hits:
+        raise UsageError(f"{text!r} is the start of {len(hits)} individual ids ({', '.join(hits[:3])}, ...); "
+                         f"give more of it ({hint})")
+    raise UsageError(f"no individual {text!r} in {data_dir}; {hint}")
 
 
 def cmd_lineage(args: argparse.Namespace) -> int:
@@ -151,9 +205,8 @@ def cmd_lineage(args: argparse.Namespace) -> int:
     from mlflow_runs import lineage_svg
 
     archive = _archive(args.data_dir)
+    args.id = resolve_id(archive, args.id, args.data_dir)
     chain = lineage_rows(archive, None, args.id)
-    if not chain:
-        raise UsageError(f"no individual {args.id!r} in {args.data_dir}; see 'evolve status RUN' for ids")
     prev = None
     for row in chain:
         sp = row.get("speedup_vs_reference")
@@ -182,11 +235,22 @@ def cmd_sync(args: argparse.Namespace) -> int:
 def cmd_ui(args: argparse.Namespace) -> int:
     from mlflow_runs import ensure_store
 
+    if not 1 <= args.port <= 65535:
+        raise UsageError(f"--port must be between 1 and 65535, got {args.port}")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", args.port))
+        except OSError as exc:
+            raise UsageError(f"port {args.port} on 127.0.0.1 is not free ({exc.strerror}); "
+                             "pick another with --port") from None
     _archive(args.data_dir)
     uri = ensure_store(args.data_dir)
+    # One person browsing: one web worker, and MLflow's job consumers only when asked for.
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "true" if args.jobs else "false"}
     print(f"MLflow UI on http://127.0.0.1:{args.port} (store {uri}); Ctrl-C to stop", file=sys.stderr)
     return subprocess.call([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
-                            "--host", "127.0.0.1", "--port", str(args.port)])
+                            "--host", "127.0.0.1", "--port", str(args.port), "--workers", "1"], env=env)
 
 
 def cmd_promote(args: argparse.Namespace) -> int:
@@ -262,13 +326,14 @@ def add_commands(subparsers) -> None:
     data_dir(p)
     p.set_defaults(func=cmd_resume)
 
-    p = subparsers.add_parser("status", help="list runs, or one run's generations")
+    p = subparsers.add_parser("status", help="list runs, or one run's generations and champion")
     p.add_argument("run", nargs="?")
+    p.add_argument("--ids", action="store_true", help="list the run's individuals (ids for 'evolve lineage')")
     data_dir(p)
     p.set_defaults(func=cmd_status)
 
     p = subparsers.add_parser("lineage", help="the chain of edits from the seed to an individual")
-    p.add_argument("id")
+    p.add_argument("id", help="an individual id, a unique prefix of one, or the UI's run name (g004-<id>)")
     p.add_argument("--out", default=None, help="where to write the SVG picture")
     data_dir(p)
     p.set_defaults(func=cmd_lineage)
@@ -280,6 +345,7 @@ def add_commands(subparsers) -> None:
 
     p = subparsers.add_parser("ui", help="the MLflow UI on this data directory, on 127.0.0.1")
     p.add_argument("--port", type=int, default=5000)
+    p.add_argument("--jobs", action="store_true", help="also start MLflow's job consumers (off by default)")
     data_dir(p)
     p.set_defaults(func=cmd_ui)
 

@@ -42,6 +42,8 @@ def test_eval_table_names_its_timing_source():
     (["eval", str(SEED), "--shape", "N=-4"], "must be positive"),
     (["eval", str(SEED), "--shape", "N=200"], "cannot be tiled"),
     (["eval", str(SEED), "--dtype", "int8"], "dtype"),
+    (["eval", "/etc/passwd"], "is not Python"),
+    (["eval", str(ROOT / "README.md")], "is not Python"),
     (["eval"], "required"),
     (["frobnicate"], "invalid choice"),
 ])

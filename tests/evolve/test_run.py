@@ -220,6 +220,19 @@ def test_status_and_lineage_read_the_run(small_run, tmp_path):
     r = evolve("lineage", meta["champion_id"], "--out", str(svg), "--data-dir", str(data))
     assert r.returncode == 0, r.stderr
     assert "seed" in r.stdout and svg.read_text().startswith("<svg")
+    full = r.stdout
+    # The status names the champion; --ids lists every individual; lineage takes a unique prefix
+    # and the MLflow UI's run name as well as the id.
+    r = evolve("status", run_id, "--data-dir", str(data))
+    assert f"champion: {meta['champion_id']}" in r.stdout
+    r = evolve("status", run_id, "--ids", "--data-dir", str(data))
+    ids = Archive(data).evaluations(run_id)["individual_id"].unique()
+    assert r.returncode == 0 and all(i in r.stdout for i in ids)
+    df = Archive(data).evaluations(run_id)
+    generation = int(df.loc[df["individual_id"] == meta["champion_id"], "generation"].iloc[0])
+    for name in (meta["champion_id"][:8], f"g{generation:03d}-{meta['champion_id']}"):
+        r = evolve("lineage", name, "--out", str(svg), "--data-dir", str(data))
+        assert r.returncode == 0 and r.stdout == full, (name, r.stderr)
 
 
 def _digest(directory: Path) -> str:
@@ -242,6 +255,9 @@ def _digest(directory: Path) -> str:
     (["promote", "no-such-run"], "no run 'no-such-run'"),
     (["sync", "no-such-run"], "no run 'no-such-run'"),
     (["lineage", "0123456789abcdef"], "no individual"),
+    (["lineage", ""], "evolve status RUN --ids"),
+    (["ui", "--port", "99999"], "--port must be between 1 and 65535"),
+    (["ui", "--port", "0"], "--port must be between 1 and 65535"),
 ])
 def test_bad_input_gets_one_line_exit_2_and_touches_nothing(small_run, args, fragment):
     data, _, _ = small_run
@@ -260,3 +276,16 @@ def test_an_unreadable_or_missing_data_directory_is_refused(tmp_path):
     assert r.returncode == 2 and "is a file" in r.stderr and f.read_text() == "not a directory"
     r = evolve("status", "--data-dir", str(tmp_path / "missing"))
     assert r.returncode == 2 and "no data directory" in r.stderr
+
+
+def test_ui_refuses_a_port_in_use_with_one_line(small_run):
+    import socket
+
+    data, _, _ = small_run
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        r = evolve("ui", "--port", str(port), "--data-dir", str(data), timeout=60)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and f"port {port}" in lines[0], r.stderr
