@@ -33,6 +33,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     _archive(args.data_dir, create=True)
     bench_id = "bench-" + new_run_id()
     trials, meta = [], None
+    out = Path(args.out) if args.out else Path(args.data_dir) / "bench" / bench_id
     for repeat in range(args.repeats):
         for name in strategies:
             config = dataclasses.replace(
@@ -50,9 +51,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
                         "peers": {k: {"status": r.status.value, "speedup_vs_reference":
                                       r.metrics.speedup_vs_reference, "estimated_cycles": r.metrics.estimated_cycles}
                                   for k, r in run.peers.items()}}
-    summary = summarise(trials)
-    paths = write_report(Path(args.out) if args.out else Path(args.data_dir) / "bench" / bench_id,
-                         trials, summary, meta)
+            # The report is rewritten after every trial: a bench stopped part way keeps what it has.
+            summary = summarise(trials)
+            paths = write_report(out, trials, summary, meta)
     print(f"\n{bench_id}  task {meta['task_key']}  timing: {meta['timing_source']} (chip {meta['chip']}, "
           f"libtpu {meta['libtpu_version']})")
     print(format_table(summary, args.budget))
