@@ -200,6 +200,15 @@ class Archive:
         out["first_parent_chain"] = [i in chain for i, _ in order]
         return out
 
+    def lineage(self, individual_id: str, run_id: str | None = None) -> list[dict]:
+        """Seed -> individual, following first parents, as rows (one per individual)."""
+        df = self.ancestry(individual_id, run_id=run_id)
+        if df.empty:
+            return []
+        rows = df[df["first_parent_chain"].astype(bool)].to_dict("records")
+        rows.sort(key=lambda r: r.get("depth", 0), reverse=True)
+        return rows
+
     def best(self, task_key: str | None = None, chip: str | None = None,
              timing_source: str | None = None) -> pd.DataFrame:
         """The fastest PASS row per (task_key, chip, timing_source) by speedup_vs_reference."""

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from archive import Archive, make_row
+from archive import Archive, edit_label, make_row
 from evaluator.judge import Judge, JudgeConfig
 from evaluator.result import EvalResult, Status
 from evaluator.versions import versions
@@ -213,6 +213,7 @@ class EvolutionRun:
             meta["champion_id"] = champion.id
             chain = lineage_rows(self.archive, self.run_id, champion.id)
             self.tracker.log_lineage_picture(chain)
+            self.tracker.log_champion(chain, ["seed", *(edit_label(r) for r in chain[1:])])
         self.archive.write_run_meta(self.run_id, meta)
         self.tracker.finish()
         return champion
@@ -220,11 +221,4 @@ class EvolutionRun:
 
 def lineage_rows(archive: Archive, run_id: str | None, individual_id: str) -> list[dict[str, Any]]:
     """Seed -> individual, following first parents, as archive rows (one per individual)."""
-    df = archive.ancestry(individual_id, run_id=run_id)
-    if df.empty:
-        return []
-    if "first_parent_chain" in df.columns:
-        df = df[df["first_parent_chain"].astype(bool)]
-    rows = df.to_dict("records")
-    rows.sort(key=lambda r: r.get("depth", 0), reverse=True)
-    return rows
+    return archive.lineage(individual_id, run_id=run_id)

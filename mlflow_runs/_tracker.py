@@ -18,6 +18,7 @@ from typing import Any
 
 from ._best_effort import BestEffort
 from ._lineage_svg import lineage_svg
+from ._notes import DIFF_ARTIFACT, NOTE_TAG, champion_note, individual_note, run_name
 from ._store import DEFAULT_DATA_DIR, ensure_store, get_or_create_experiment
 from ._values import clean as _clean
 
@@ -26,10 +27,17 @@ KIND_TAG = "pallas_evolve.kind"
 ROW_TAG = "pallas_evolve.row_key"
 PARENT_TAG = "mlflow.parentRunId"
 _MAX_PARAM = 500
+# Logged as metrics, rounded to 5 significant digits (the archive keeps the exact values). Not
+# logged: max_rel_error (relative error near zero outputs says nothing; the judge compares absolute
+# error with the XLA program's own) and copy_trap (a named warning in the description instead).
 _METRIC_FIELDS = ("latency_s", "latency_ci_lo_s", "latency_ci_hi_s", "reference_latency_s",
                   "speedup_vs_reference", "estimated_cycles", "reference_cycles", "tflops", "mxu_util",
-                  "hbm_util", "roofline_latency_s", "vmem_bytes", "copy_trap", "compile_time_s",
-                  "max_abs_error", "max_rel_error", "wall_time_s")
+                  "hbm_util", "roofline_latency_s", "vmem_bytes", "compile_time_s",
+                  "max_abs_error", "reference_max_abs_error", "wall_time_s")
+
+
+def _round(value: float) -> float:
+    return float(f"{value:.5g}")
 
 
 def _json_obj(value: Any, default: Any) -> Any:
@@ -162,7 +170,8 @@ class Tracker:
                 out.append(self._child_runs[pid])
         return out
 
-    def log_individual(self, row: dict[str, Any], parent_source: str | None) -> str | None:
+    def log_individual(self, row: dict[str, Any], parent_source: str | None,
+                       label: str | None = None) -> str | None:
         """A nested child run for one archived evaluation; returns its MLflow run id (or None)."""
         if self.parent_run_id is None:
             return None
@@ -180,8 +189,10 @@ class Tracker:
             value = _clean(row.get(key))
             if value not in (None, ""):
                 tags[key] = str(value)[:_MAX_PARAM]
-        run = self._call("create_run", self.experiment_id, start_time=_millis(row.get("evaluated_at")),
-                         run_name=f"g{generation:03d}-{ind}", tags=tags)
+        end = _millis(row.get("evaluated_at"))
+        took = _clean(row.get("wall_time_s"))
+        start = end - int(1000 * took) if isinstance(took, float | int) and math.isfinite(took) else end
+        run = self._call("create_run", self.experiment_id, start_time=start, run_name=run_name(row), tags=tags)
         if run is None:
             return None
         child = run.info.run_id
@@ -190,12 +201,12 @@ class Tracker:
         _flatten("tunables", _json_obj(row.get("tunables"), {}), params)
         edit_params = _json_obj(row.get("params"), {})
         _flatten("edit", edit_params if isinstance(edit_params, dict) else {"value": edit_params}, params)
-        stamp = _millis(row.get("evaluated_at"))
+        stamp = end
         metrics = []
         for name in _METRIC_FIELDS:
             value = _clean(row.get(name))
             if isinstance(value, bool | int | float) and math.isfinite(float(value)):
-                metrics.append(Metric(name, float(value), stamp, generation))
+                metrics.append(Metric(name, _round(float(value)), stamp, generation))
         self._call("log_batch", child, metrics=metrics,
                    params=[Param(k, v) for k, v in sorted(params.items())][:100])
         source = str(_clean(row.get("source")) or "")
@@ -203,8 +214,20 @@ class Tracker:
         if parent_source is not None:
             diff = difflib.unified_diff(parent_source.splitlines(keepends=True),
                                         source.splitlines(keepends=True), "parent/kernel.py", "kernel.py")
-            self._call("log_text", child, "".join(diff), "diff_vs_parent.patch")
-        self._call("set_terminated", child, "FINISHED", end_time=stamp)
+            self._call("log_text", child, "".join(diff), DIFF_ARTIFACT)
+        if label is None:
+            from archive import edit_label
+
+            label = "seed" if not parent_ids else edit_label(row)
+        note = individual_note(row, label,
+                               experiment_id=str(self.experiment_id), own_run_id=child,
+                               evolution_run_id=self.parent_run_id, evolution_run_name=str(self.run_id),
+                               parents=[(p, self._child_runs.get(p)) for p in parent_ids],
+                               has_diff=parent_source is not None)
+        self._call("set_tag", child, NOTE_TAG, note)
+        # A candidate that did not pass is a failed run in the UI, not a green "Finished".
+        passed = _clean(row.get("status")) == "PASS"
+        self._call("set_terminated", child, "FINISHED" if passed else "FAILED", end_time=stamp)
         return child
 
     def log_lineage_picture(self, chain: list[dict[str, Any]], path: str | os.PathLike | None = None) -> str:
@@ -216,6 +239,20 @@ class Tracker:
         if self.parent_run_id is not None:
             self._call("log_text", self.parent_run_id, svg, "lineage.svg")
         return svg
+
+    def log_champion(self, chain: list[dict[str, Any]], labels: list[str]) -> None:
+        """Name the champion on the evolution run: tags, and a description whose every hop links."""
+        if self.parent_run_id is None or not chain:
+            return
+        self._parent_run_ids([str(r["individual_id"]) for r in chain])   # find runs logged earlier
+        champion = str(chain[-1]["individual_id"])
+        tags = {"champion_individual_id": champion}
+        if champion in self._child_runs:
+            tags["champion_run_id"] = self._child_runs[champion]
+        for key, value in tags.items():
+            self._call("set_tag", self.parent_run_id, key, value)
+        self._call("set_tag", self.parent_run_id, NOTE_TAG,
+                   champion_note(str(self.run_id), chain, labels, self._child_runs, str(self.experiment_id)))
 
     def finish(self, status: str = "FINISHED") -> None:
         """Close the parent run (``FINISHED``, ``FAILED`` or ``KILLED``)."""
@@ -282,6 +319,11 @@ class Tracker:
                                 speedups.median() if len(speedups) else None,
                                 float((group["status"] == "PASS").mean()), len(group))
             generations += 1
+        if meta.get("champion_id"):
+            from archive import edit_label
+
+            chain = archive.lineage(meta["champion_id"], run_id=run_id)
+            self.log_champion(chain, ["seed", *(edit_label(r) for r in chain[1:])])
         if meta.get("status") == "finished":
             self.finish("FINISHED")
         return {"logged": logged, "skipped": skipped, "generations": generations}

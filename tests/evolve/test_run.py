@@ -92,6 +92,19 @@ def test_mlflow_child_runs_form_a_connected_lineage_back_to_the_seed(small_run):
             run = children[ind]
         assert ind == seed_ids[0]
     assert mlflow.__version__
+    # The evolution run names its champion, and its description links every hop seed -> champion.
+    from archive import Archive
+
+    meta = Archive(data).read_run_meta(run_id)
+    tags = parents[0].data.tags
+    champion_run = children[meta["champion_id"]].info.run_id
+    assert tags["champion_individual_id"] == meta["champion_id"] and tags["champion_run_id"] == champion_run
+    hops = len(Archive(data).lineage(meta["champion_id"], run_id))
+    assert tags["mlflow.note.content"].count("](#/experiments/") == hops + 1    # the champion, then each hop
+    # Real start and end times; a candidate that did not pass is a failed run.
+    for run in children.values():
+        assert run.info.end_time > run.info.start_time
+        assert run.info.status == ("FINISHED" if run.data.tags["status"] == "PASS" else "FAILED")
 
 
 def test_the_same_seed_gives_the_same_lineage(small_run, tmp_path):

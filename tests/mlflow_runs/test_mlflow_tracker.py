@@ -95,9 +95,25 @@ def test_fake_run_forms_a_connected_lineage(data_dir, tmp_path):
     assert b.data.metrics["speedup_vs_reference"] == 1.7 and b.data.tags["status"] == "PASS"
     assert b.data.tags["timing_source"] == "compiler_estimate" and b.data.tags["chip"] == "v5e"
     files = {f.path for f in client.list_artifacts(b.info.run_id)}
-    assert files == {"kernel.py", "diff_vs_parent.patch"}
-    patch = Path(client.download_artifacts(b.info.run_id, "diff_vs_parent.patch", str(tmp_path)))
+    assert files == {"kernel.py", "diff_vs_parent.txt"}       # .txt: the UI previews it
+    patch = Path(client.download_artifacts(b.info.run_id, "diff_vs_parent.txt", str(tmp_path)))
     assert "-    return 1\n+    return 2" in patch.read_text()
+    # Descriptions link the lineage: parents, the diff, the evolution run.
+    exp = experiment.experiment_id
+    note = b.data.tags["mlflow.note.content"]
+    assert f"(#/experiments/{exp}/runs/{kids[ids['a']].info.run_id})" in note
+    assert f"(#/experiments/{exp}/runs/{b.info.run_id}/artifactPath/diff_vs_parent.txt)" in note
+    assert f"(#/experiments/{exp}/runs/{tracker.parent_run_id})" in note
+    assert "1.700x the XLA reference" in note and "compiler_estimate" in note
+    c = kids[ids["c"]]
+    assert "second parent (crossover)" in c.data.tags["mlflow.note.content"]
+    assert kids[ids["a"]].info.run_id in c.data.tags["mlflow.note.content"]
+    assert "none, this is the seed" in kids[ids["s"]].data.tags["mlflow.note.content"]
+    # Honest statuses: PASS finished, anything else failed, with its error in the description.
+    assert b.info.status == "FINISHED" and c.info.status == "FAILED"
+    assert "FAIL_COMPILE" in c.data.tags["mlflow.note.content"] and ": no" in c.data.tags["mlflow.note.content"]
+    # Metrics that mislead are not logged.
+    assert "max_rel_error" not in b.data.metrics and "copy_trap" not in b.data.metrics
     assert {f.path for f in client.list_artifacts(kids[ids["s"]].info.run_id)} == {"kernel.py"}
     assert "lineage.svg" in {f.path for f in client.list_artifacts(tracker.parent_run_id)}
     assert (tmp_path / "lineage.svg").read_text() == svg and "tile(block_kv=512)" in svg
