@@ -215,6 +215,16 @@ def cmd_lineage(args: argparse.Namespace) -> int:
         label = "seed" if row.get("operator") == "seed" else edit_label(row)
         print(f"{row['individual_id']}  g{int(row['generation'])}  {label:<60} {sp_text}{gain}")
         prev = sp or prev
+    if args.tree:
+        from evolve.run import tree_caption
+        from mlflow_runs import family_tree_svg
+
+        run_id = str(chain[-1]["run_id"])
+        out = Path(args.out or f"tree-{run_id}.svg")
+        out.write_text(family_tree_svg(archive.evaluations(run_id).to_dict("records"),
+                                       [r["individual_id"] for r in chain], tree_caption(run_id, chain[-1])))
+        print(f"family tree of run {run_id}: {out}")
+        return 0
     out = Path(args.out or f"lineage-{args.id}.svg")
     out.write_text(lineage_svg(chain, title=f"lineage of {args.id}"))
     print(f"picture: {out}")
@@ -335,6 +345,8 @@ def add_commands(subparsers) -> None:
     p = subparsers.add_parser("lineage", help="the chain of edits from the seed to an individual")
     p.add_argument("id", help="an individual id, a unique prefix of one, or the UI's run name (g004-<id>)")
     p.add_argument("--out", default=None, help="where to write the SVG picture")
+    p.add_argument("--tree", action="store_true",
+                   help="draw the individual's whole run as a family tree, its path from the seed in red")
     data_dir(p)
     p.set_defaults(func=cmd_lineage)
 

@@ -214,9 +214,16 @@ class EvolutionRun:
             chain = lineage_rows(self.archive, self.run_id, champion.id)
             self.tracker.log_lineage_picture(chain)
             self.tracker.log_champion(chain, ["seed", *(edit_label(r) for r in chain[1:])])
+            self.tracker.log_family_tree(self.archive.evaluations(self.run_id).to_dict("records"),
+                                         [r["individual_id"] for r in chain], tree_caption(self.run_id, chain[-1]))
         self.archive.write_run_meta(self.run_id, meta)
         self.tracker.finish()
         return champion
+
+
+def tree_caption(run_id: str, row: dict[str, Any]) -> str:
+    return (f"run {run_id} · {row.get('task_key')} · {row.get('timing_source')}, chip {row.get('chip')}, "
+            f"libtpu {row.get('libtpu_version')}")
 
 
 def lineage_rows(archive: Archive, run_id: str | None, individual_id: str) -> list[dict[str, Any]]:

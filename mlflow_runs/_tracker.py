@@ -240,6 +240,15 @@ class Tracker:
             self._call("log_text", self.parent_run_id, svg, "lineage.svg")
         return svg
 
+    def log_family_tree(self, rows: list[dict[str, Any]], highlight: list[str], caption: str) -> str | None:
+        """The whole run as a tree (see _tree.py), logged on the evolution run as family_tree.svg."""
+        from ._tree import family_tree_svg
+
+        svg = self.safe.call(family_tree_svg, rows, highlight, caption)
+        if svg is not None and self.parent_run_id is not None:
+            self._call("log_text", self.parent_run_id, svg, "family_tree.svg")
+        return svg
+
     def log_champion(self, chain: list[dict[str, Any]], labels: list[str]) -> None:
         """Name the champion on the evolution run: tags, and a description whose every hop links."""
         if self.parent_run_id is None or not chain:

@@ -101,6 +101,7 @@ def test_mlflow_child_runs_form_a_connected_lineage_back_to_the_seed(small_run):
     assert tags["champion_individual_id"] == meta["champion_id"] and tags["champion_run_id"] == champion_run
     hops = len(Archive(data).lineage(meta["champion_id"], run_id))
     assert tags["mlflow.note.content"].count("](#/experiments/") == hops + 1    # the champion, then each hop
+    assert {"lineage.svg", "family_tree.svg"} <= {f.path for f in client.list_artifacts(parents[0].info.run_id)}
     # Real start and end times; a candidate that did not pass is a failed run.
     for run in children.values():
         assert run.info.end_time > run.info.start_time
@@ -246,6 +247,10 @@ def test_status_and_lineage_read_the_run(small_run, tmp_path):
     for name in (meta["champion_id"][:8], f"g{generation:03d}-{meta['champion_id']}"):
         r = evolve("lineage", name, "--out", str(svg), "--data-dir", str(data))
         assert r.returncode == 0 and r.stdout == full, (name, r.stderr)
+    tree = tmp_path / "tree.svg"
+    r = evolve("lineage", meta["champion_id"], "--tree", "--out", str(tree), "--data-dir", str(data))
+    assert r.returncode == 0 and "family tree" in r.stdout, r.stderr
+    assert all(i[:6] in tree.read_text() for i in ids)
 
 
 def _digest(directory: Path) -> str:

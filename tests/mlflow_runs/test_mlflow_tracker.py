@@ -236,3 +236,23 @@ def test_two_processes_logging_to_one_sqlite_store(data_dir):
                                     filter_string=f"tags.`pallas_evolve.run_id` = '{tag}-2' "
                                                   "and tags.`pallas_evolve.kind` = 'run'")[0]
         assert_connected_lineage(client, experiment.experiment_id, f"{tag}-2", ids, parent.info.run_id)
+
+
+def test_family_tree_draws_every_individual_both_parents_and_the_champion_path():
+    import xml.etree.ElementTree as ET
+
+    from mlflow_runs import family_tree_svg
+    from mlflow_runs._tree import build_graph
+
+    rows, _, ids = fake_rows()
+    graph = build_graph(rows)
+    assert set(graph.nodes) == set(ids.values())
+    assert {(u, v, d["rank"]) for u, v, d in graph.edges(data=True)} == {
+        (ids["s"], ids["a"], 0), (ids["a"], ids["b"], 0), (ids["b"], ids["c"], 0), (ids["a"], ids["c"], 1)}
+    svg = family_tree_svg(rows, [ids[n] for n in "sab"], "run-1 · compiler_estimate, chip v5e, libtpu 0.0.42.1")
+    assert ET.fromstring(svg).tag.endswith("svg")
+    for ind in ids.values():
+        assert ind[:6] in svg
+    assert "1.70x" in svg and "FAIL_COMPILE" in svg and "chip v5e" in svg
+    with pytest.raises(ValueError):
+        family_tree_svg([], [], "empty")
