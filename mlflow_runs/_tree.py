@@ -1,8 +1,9 @@
 """The family tree of a run: every individual, both parents of a crossover, the champion's path.
 
-The graph is a networkx DiGraph (parent -> child); networkx's multipartite layout places one row
-per depth (networkx's topological generations), and matplotlib draws it to SVG. Within a row, individuals are ordered by the mean
-position of their parents (the barycentre heuristic), which keeps most edges from crossing.
+The graph is a networkx DiGraph (parent -> child). networkx's multipartite layout places one row
+per depth (networkx's topological generations), and matplotlib draws it to SVG. Within a row,
+individuals are ordered by the mean position of their parents (the barycentre heuristic), which
+keeps most edges from crossing.
 """
 
 from __future__ import annotations
