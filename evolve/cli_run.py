@@ -268,7 +268,8 @@ def cmd_promote(args: argparse.Namespace) -> int:
     from evaluator.judge import Judge, JudgeConfig
     from evolve.config import RunConfig
     from evolve.run import lineage_rows
-    from mlflow_runs import ensure_store, register_champion
+    from mlflow_runs import champion_header, ensure_store, individual_run, register_champion, with_docstring
+    from mutations import read_tunables
 
     archive = _archive(args.data_dir)
     meta = _meta(archive, args.run)
@@ -286,23 +287,32 @@ def cmd_promote(args: argparse.Namespace) -> int:
         print(f"evolve: champion {champion_id} no longer passes the judge: {result.status.value}: "
               f"{result.error}", file=sys.stderr)
         return 1
-    m, p = result.metrics, result.provenance
-    header = "\n".join([
-        '"""Promoted by pallas-evolve.', "",
-        f"run: {args.run}", f"individual: {champion_id}", f"task: {task.key}",
-        "lineage: seed -> " + " -> ".join(edit_label(r) for r in chain[1:]),
-        f"latency: {m.latency_s:.6g} s ({p.timing_source}, chip {p.chip}, libtpu {p.libtpu_version}, "
-        f"jax {p.jax_version})",
-        f"speedup vs reference: {m.speedup_vs_reference:.4g}x", '"""', "", ""])
-    out = Path(args.to or f"champion-{args.run}.py")
-    out.write_text(header + source)
-    ensure_store(args.data_dir)
     name = args.name or f"flash_attention_{config.judge.chip}"
-    version = register_champion(header + source, name, {
-        "run_id": args.run, "individual_id": champion_id, "task_key": task.key,
-        **result.to_dict()}, data_dir=args.data_dir)
+    found = individual_run(args.data_dir, args.run, champion_id)
+    link = f"http://127.0.0.1:5000/#/experiments/{found[0]}/runs/{found[1]}" if found else None
+    tunables = read_tunables(source)
+    header = champion_header(name=name, run_id=args.run, individual_id=champion_id,
+                             lineage=[edit_label(r) for r in chain[1:]], task=task, result=result,
+                             tunables=tunables, run_link=link + " (with 'evolve ui')" if link else None)
+    promoted = with_docstring(source, header)
+    out = Path(args.to or f"champion-{args.run}.py")
+    out.write_text(promoted)
+    ensure_store(args.data_dir)
+    m, p = result.metrics, result.provenance
+    provenance = {"run_id": args.run, "individual_id": champion_id, "task_key": task.key,
+                  "individual_mlflow_run": found[1] if found else None, "status": result.status.value,
+                  "timing_source": p.timing_source, "chip": p.chip, "libtpu_version": p.libtpu_version,
+                  "jax_version": p.jax_version, "latency_s": m.latency_s, "estimated_cycles": m.estimated_cycles,
+                  "speedup_vs_reference": m.speedup_vs_reference, "max_abs_error": m.max_abs_error}
+    description = "```\n" + header + "\n```" + (
+        f"\n\nThe individual's run, with its lineage: [{champion_id}](#/experiments/{found[0]}/runs/{found[1]})"
+        if found else "")
+    # The input example: the smallest q, k, v it accepts (blocks larger than N are cut to N).
+    example = (1, tunables.get("HEADS_PER_PROGRAM", 1), min(task.seq_len, 128), task.head_dim)
+    version = register_champion(promoted, name, provenance, description=description,
+                                example_shape=example, data_dir=args.data_dir)
     print(f"promoted {champion_id} to {out}; registered as models:/{name}@champion "
-          f"(version {getattr(version, 'version', version)})")
+          f"(version {getattr(version, 'version', version)}); the file's docstring says how to call it")
     return 0
 
 

@@ -85,6 +85,22 @@ def _quote(value: str) -> str:
     return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+def individual_run(data_dir: str | os.PathLike, run_id: str, individual_id: str) -> tuple[str, str] | None:
+    """(experiment id, MLflow run id) of an individual's run in ``run_id``, or None (best-effort)."""
+    safe = BestEffort(max_failures=1)
+    uri = safe.call(ensure_store, Path(data_dir))
+    if not uri:
+        return None
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    experiments = safe.call(client.search_experiments) or []
+    found = safe.call(client.search_runs, [e.experiment_id for e in experiments],
+                      filter_string=f"tags.individual_id = {_quote(individual_id)} and "
+                                    f"tags.`{RUN_TAG}` = {_quote(run_id)}", max_results=1) if experiments else None
+    return (found[0].info.experiment_id, found[0].info.run_id) if found else None
+
+
 class Tracker:
     """Log an evolution run's lineage into the MLflow store of ``data_dir`` (or ``tracking_uri``)."""
 

@@ -16,7 +16,9 @@ from mlflow.pyfunc import PythonModel
 
 
 class KernelModel(PythonModel):
-    """``predict({"q", "k", "v", "causal", "sm_scale"})`` -> the attention output as numpy."""
+    """``predict({"q": q, "k": k, "v": v}, params={"causal": True, "sm_scale": s})`` -> the
+    attention output as numpy (``sm_scale`` 0 or absent: 1/sqrt(D)). ``causal`` and ``sm_scale``
+    may also be keys of the input itself."""
 
     def load_context(self, context):
         path = context.artifacts["kernel"]
@@ -35,9 +37,10 @@ class KernelModel(PythonModel):
         import numpy as np
 
         q, k, v = (jnp.asarray(model_input[name]) for name in ("q", "k", "v"))
-        causal = bool(model_input.get("causal", True))
-        sm_scale = model_input.get("sm_scale")
-        sm_scale = float(sm_scale) if sm_scale is not None else 1.0 / float(np.sqrt(q.shape[-1]))
+        params = {**{key: model_input[key] for key in ("causal", "sm_scale") if key in model_input},
+                  **(params or {})}
+        causal = bool(params.get("causal", True))
+        sm_scale = float(params.get("sm_scale") or 0.0) or 1.0 / float(np.sqrt(q.shape[-1]))
         interpret = contextlib.nullcontext()
         if jax.default_backend() != "tpu":
             from jax.experimental.pallas import tpu as pltpu

@@ -201,13 +201,26 @@ def test_promote_round_trips_through_the_model_registry(small_run, tmp_path):
     r = evolve("promote", run_id, "--to", str(out), "--name", "fa_test", "--data-dir", str(data))
     assert r.returncode == 0, r.stderr[-2000:]
     text = out.read_text()
-    assert f"run: {run_id}" in text and "compiler_estimate" in text and "libtpu" in text
-    mlflow.set_tracking_uri(f"sqlite:///{data / 'mlflow.db'}")
+    assert f"promoted from run {run_id}" in text and "compiler_estimate" in text and "libtpu" in text
+    # The seed's docstring is gone; the header says what shapes it takes and how to call it.
+    assert "naive starting candidate" not in text
+    assert "force_tpu_interpret_mode" in text and "Shapes it accepts" in text and "fa_test@champion" in text
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{data / 'mlflow.db'}"
+    client = MlflowClient(uri, registry_uri=uri)
+    version = client.get_model_version_by_alias("fa_test", "champion")
+    assert "How to call it" in version.description and "](#/experiments/" in version.description
+    assert all(str(v) != "" for v in version.tags.values())
+    assert client.get_run(version.tags["individual_mlflow_run"]).data.tags["individual_id"] == \
+        version.tags["individual_id"]
+    mlflow.set_tracking_uri(uri)
     model = mlflow.pyfunc.load_model("models:/fa_test@champion")
+    assert model.metadata.signature is not None and model.metadata.saved_input_example_info
     rng = np.random.default_rng(0)
     # The run's task shape: a champion need only handle the shapes it was evolved for.
     q, k, v = (rng.standard_normal((1, 2, 256, 128)).astype(np.float32) for _ in range(3))
-    got = np.asarray(model.predict({"q": q, "k": k, "v": v, "causal": True, "sm_scale": 128 ** -0.5}),
+    got = np.asarray(model.predict({"q": q, "k": k, "v": v}, params={"causal": True, "sm_scale": 128 ** -0.5}),
                      dtype=np.float32)
     s = np.einsum("bhqd,bhkd->bhqk", q, k) * 128 ** -0.5
     s = np.where(np.tril(np.ones((256, 256), bool)), s, -np.inf)
