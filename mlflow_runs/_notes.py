@@ -49,32 +49,33 @@ def figures(row: dict[str, Any]) -> str:
 def individual_note(row: dict[str, Any], label: str, *, experiment_id: str, own_run_id: str,
                     evolution_run_id: str | None, evolution_run_name: str,
                     parents: list[tuple[str, str | None]], has_diff: bool) -> str:
-    """The description of one individual's run: verdict, figures, links to parents, diff, run."""
-    status = str(clean(row.get("status")) or "?")
-    lines = [f"**{status}** · {label} · generation {int(clean(row.get('generation')) or 0)}", ""]
-    shown = figures(row)
-    if shown:
-        lines += [shown, ""]
-    error = clean(row.get("error"))
-    if status != "PASS" and error:
-        stage = clean(row.get("stage"))
-        lines += [f"Why it did not pass{f' (stage {stage})' if stage else ''}: {str(error)[:600]}", ""]
-    if clean(row.get("copy_trap")):
-        lines += ["Warning, copy trap: the compiled program copies data outside the kernel (an XLA "
-                  "`copy`, e.g. a layout change of an input or the output). It is counted in the "
-                  "figures above; it is work the kernel's own tiling did not remove.", ""]
+    """The description of one individual's run. The links come first: the UI shows the top of a
+    long description and hides the rest behind "Show more"."""
     roles = ["first parent", "second parent (crossover)"]
     links = []
     for i, (ind, mlflow_run) in enumerate(parents):
         role = roles[i] if i < len(roles) else f"parent {i + 1}"
-        links.append(f"{role}: " + (run_link(experiment_id, mlflow_run, f"g-{ind}") if mlflow_run else
+        links.append(f"{role}: " + (run_link(experiment_id, mlflow_run, ind) if mlflow_run else
                                     f"{ind} (not logged in this store)"))
-    lines.append("Parents: " + ("; ".join(links) if links else "none, this is the seed"))
-    if has_diff:
-        lines.append("Change: " + artifact_link(experiment_id, own_run_id, DIFF_ARTIFACT,
-                                                "diff against the first parent"))
+    top = "; ".join(links) if links else "Parents: none, this is the seed"
     if evolution_run_id:
-        lines.append("Evolution run: " + run_link(experiment_id, evolution_run_id, evolution_run_name))
+        top += " · evolution run: " + run_link(experiment_id, evolution_run_id, evolution_run_name)
+    status = str(clean(row.get("status")) or "?")
+    lines = [top, "", f"**{status}** · {label} · generation {int(clean(row.get('generation')) or 0)}"]
+    if has_diff:
+        lines[-1] += " · " + artifact_link(experiment_id, own_run_id, DIFF_ARTIFACT,
+                                           "the diff against the first parent")
+    shown = figures(row)
+    if shown:
+        lines += ["", shown]
+    error = clean(row.get("error"))
+    if status != "PASS" and error:
+        stage = clean(row.get("stage"))
+        lines += ["", f"Why it did not pass{f' (stage {stage})' if stage else ''}: {str(error)[:600]}"]
+    if clean(row.get("copy_trap")):
+        lines += ["", "Warning, copy trap: the compiled program copies data outside the kernel (an XLA "
+                  "`copy`, e.g. a layout change of an input or the output). It is counted in the "
+                  "figures above; it is work the kernel's own tiling did not remove."]
     return "\n".join(lines)
 
 
@@ -84,8 +85,8 @@ def champion_note(run_name_: str, chain: list[dict[str, Any]], labels: list[str]
     champion = chain[-1]
     head = run_link(experiment_id, child_runs[champion["individual_id"]], run_name(champion)) \
         if champion["individual_id"] in child_runs else run_name(champion)
-    lines = [f"**Evolution run {run_name_}**", "", f"Champion: {head}, {figures(champion)}", "",
-             "From the seed to the champion (first parents):", ""]
+    lines = [f"Champion: {head}, {figures(champion)}", "",
+             f"Evolution run {run_name_}, from the seed to the champion (first parents):", ""]
     for i, (row, label) in enumerate(zip(chain, labels, strict=True)):
         ind = row["individual_id"]
         name = run_link(experiment_id, child_runs[ind], run_name(row)) if ind in child_runs else run_name(row)

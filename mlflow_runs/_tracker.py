@@ -167,7 +167,7 @@ class Tracker:
         now = int(time.time() * 1000)
         values = {"best_speedup": best_speedup, "median_speedup": median_speedup,
                   "fraction_valid": fraction_valid, "evaluations": evaluations}
-        metrics = [Metric(k, float(v), now, int(generation)) for k, v in values.items()
+        metrics = [Metric(k, _round(float(v)), now, int(generation)) for k, v in values.items()
                    if _clean(v) is not None]
         if metrics:
             self._call("log_batch", self.parent_run_id, metrics=metrics)

@@ -320,3 +320,73 @@ def test_ui_refuses_a_port_in_use_with_one_line(small_run):
         r = evolve("ui", "--port", str(port), "--data-dir", str(data), timeout=60)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and f"port {port}" in lines[0], r.stderr
+
+
+CHROMIUM = next((p for p in ("/usr/bin/chromium", "/usr/bin/chromium-browser") if Path(p).exists()), None)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium (scripts/test.sh installs Debian's as root)")
+def test_a_person_walks_from_the_champion_to_the_seed_by_clicking_links_in_the_ui(small_run):
+    """A real browser against `evolve ui`: open the evolution run, follow its champion link, then
+    each run's first-parent link until the seed. The hops must be the lineage's length."""
+    import socket
+    import urllib.request
+
+    from mlflow.tracking import MlflowClient
+    from playwright.sync_api import sync_playwright
+
+    from archive import Archive
+
+    data, run_id, _ = small_run
+    meta = Archive(data).read_run_meta(run_id)
+    lineage = Archive(data).lineage(meta["champion_id"], run_id)
+    client = MlflowClient(f"sqlite:///{data / 'mlflow.db'}")
+    parent = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                                filter_string=f"tags.`pallas_evolve.run_id` = '{run_id}' and "
+                                              "tags.`pallas_evolve.kind` = 'run'")[0]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ui = subprocess.Popen([sys.executable, "-m", "evolve", "ui", "--port", str(port), "--data-dir", str(data)],
+                          cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except OSError:
+                assert time.monotonic() < deadline and ui.poll() is None, "evolve ui did not come up"
+                time.sleep(1)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+
+            def follow(link):                      # MLflow opens description links in a new tab
+                with page.context.expect_page() as opened:
+                    link.click()
+                new = opened.value
+                new.wait_for_load_state()
+                return new
+
+            page.goto(f"http://127.0.0.1:{port}/#/experiments/{parent.info.experiment_id}/runs/{parent.info.run_id}")
+            page.get_by_text("Champion:").wait_for(timeout=60_000)
+            page = follow(page.get_by_role("link", name=re.compile(r"^g\d{3}-[0-9a-f]{16}$")).first)
+            visited, hops = [], 0
+            while True:
+                page.get_by_text(re.compile("first parent:|this is the seed")).first.wait_for(timeout=60_000)
+                visited.append(page.url.rsplit("/", 1)[-1])
+                if page.get_by_text("Parents: none, this is the seed").count():
+                    break
+                page = follow(page.get_by_role("link", name=re.compile(r"^[0-9a-f]{16}$")).first)
+                hops += 1
+                assert hops < 50
+            browser.close()
+    finally:
+        os.killpg(ui.pid, signal.SIGTERM)
+        ui.wait(timeout=30)
+    assert hops == len(lineage) - 1
+    runs = {r.info.run_id: r.data.tags["individual_id"] for r in
+            client.search_runs([parent.info.experiment_id], filter_string=f"tags.`pallas_evolve.run_id` = '{run_id}'")
+            if "individual_id" in r.data.tags}
+    assert [runs[v] for v in visited] == [r["individual_id"] for r in reversed(lineage)]

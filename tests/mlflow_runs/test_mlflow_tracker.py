@@ -108,7 +108,7 @@ def test_fake_run_forms_a_connected_lineage(data_dir, tmp_path):
     c = kids[ids["c"]]
     assert "second parent (crossover)" in c.data.tags["mlflow.note.content"]
     assert kids[ids["a"]].info.run_id in c.data.tags["mlflow.note.content"]
-    assert "none, this is the seed" in kids[ids["s"]].data.tags["mlflow.note.content"]
+    assert "Parents: none, this is the seed" in kids[ids["s"]].data.tags["mlflow.note.content"]
     # Honest statuses: PASS finished, anything else failed, with its error in the description.
     assert b.info.status == "FINISHED" and c.info.status == "FAILED"
     assert "FAIL_COMPILE" in c.data.tags["mlflow.note.content"] and ": no" in c.data.tags["mlflow.note.content"]
