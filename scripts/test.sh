@@ -7,5 +7,5 @@ if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get 
   (apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 &&
     apt-get install -y -q chromium >/dev/null 2>&1; }) || echo "note: could not install chromium; the UI test will be skipped" >&2
 fi
-.venv/bin/ruff check evolve mutations seeds evaluator archive mlflow_runs tests examples
+.venv/bin/ruff check evolve mutations seeds evaluator archive mlflow_runs tests examples scripts
 exec .venv/bin/python -m pytest -q "$@"
