@@ -121,6 +121,7 @@ def test_a_flood_of_output_is_cut_and_stdin_is_empty(tmp_path):
 
 
 def test_the_environment_is_scrubbed(tmp_path, monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "hunter2")
     secret = tmp_path / "secret"
     run_script(tmp_path, f"""
         import os

@@ -79,6 +79,8 @@ def test_replay_reports_the_first_edit_that_does_not_apply():
     edits = [Edit("deferred_norm"), Edit("deferred_norm")]
     result = replay(seed, edits, TASK)
     assert result.status == "not_applicable" and "edit 1" in result.reason
-    assert result.source == get_operator("deferred_norm").apply_params(seed, TASK, {}).source
+    # The source is the seed with the edits before the failing one applied (here: the first one).
+    assert result.source != seed and "deferred" in result.source.lower()
+    assert replay(seed, edits[:1], TASK).source == result.source
     assert replay(seed, [Edit("causal_skip")], AttentionTask(causal=False)).status == "not_applicable"
     assert replay(seed, [Edit("nope")], TASK).status == "failed"
