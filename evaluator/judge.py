@@ -46,7 +46,7 @@ from evaluator.screen import screen_source
 from evaluator.timing import Timing, TimingSource, get_timing_source
 from evaluator.versions import versions
 from evaluator.worker import PROGRAM_FILE
-from seeds.flash_attention.task import CORRECTNESS_INPUTS, AttentionTask, make_inputs, reference_f32
+from seeds import SeedTask, task_source
 
 _ROOT = Path(__file__).resolve().parent.parent
 _REFERENCE_CACHE_FILE = "reference_timings.json"
@@ -80,10 +80,11 @@ class JudgeConfig:
     timing: str = "auto"                 # "auto": measured on a TPU host, else compiler_estimate
     budgets: StageBudgets = StageBudgets()
     limits: Limits = Limits()
-    correctness_inputs: tuple[tuple[str, int], ...] = CORRECTNESS_INPUTS
+    # (distribution, PRNG seed) per input set; None: the task's own.
+    correctness_inputs: tuple[tuple[str, int], ...] | None = None
     workers: int = max(1, os.cpu_count() or 1)
     cache_dir: str | None = None         # reference timings; default ~/.cache/pallas-evolve
-    entry: str = "flash_attention"
+    entry: str | None = None             # the kernel's entry point; None: the task's
     suspect_factor: float = 1.0          # faster than roofline * factor -> SUSPECT
     # A candidate's error may be at most this multiple of the task's own XLA program's error.
     reference_error_factor: float = 1.5
@@ -95,7 +96,7 @@ class JudgeConfig:
                              "use auto, compiler_estimate or measured")
         if self.workers < 1:
             raise ValueError("workers must be at least 1")
-        if not self.correctness_inputs:
+        if self.correctness_inputs is not None and not self.correctness_inputs:
             raise ValueError("correctness needs at least one input set")
 
 
@@ -104,7 +105,7 @@ class GroundTruth:
     """One input set, the f32 truth on it, and what the task's own XLA program gives on it."""
 
     label: str
-    qkv: tuple
+    inputs: tuple
     f32: np.ndarray
     program_out: np.ndarray | None = None
 
@@ -184,7 +185,7 @@ class Judge:
                   "between a candidate and this machine.", file=sys.stderr)
         self._lock = threading.Lock()
         self._references: dict[str, Timing] = {}
-        self._truth: dict[AttentionTask, list[GroundTruth]] = {}
+        self._truth: dict[SeedTask, list[GroundTruth]] = {}
 
     # ---- provenance --------------------------------------------------------------------------
     def provenance(self) -> Provenance:
@@ -224,10 +225,11 @@ class Judge:
                          default_budget=budgets.load_s, limits=self.config.limits,
                          total_budget=total_budget)
 
-    def _run_runner(self, private: Path, task: AttentionTask, mode: str, program: str | None,
+    def _run_runner(self, private: Path, task: SeedTask, mode: str, program: str | None,
                     input_dirs: list[str], compile_tpu: bool = True, prune: dict | None = None
                     ) -> ChildOutcome:
-        request = {"mode": mode, "program": program, "task": dataclasses.asdict(task),
+        request = {"mode": mode, "program": program, "task": task.fields(), "task_source": task_source(task),
+                   "specs": task.input_specs(), "input_names": list(task.input_names),
                    "topology": self.chip.topology, "on_tpu": self.on_tpu, "inputs": input_dirs,
                    "out_dir": str(private), "timing": self.timing.worker_request(),
                    "refuse": list(TRACE_REFUSALS), "compile": compile_tpu, "prune": prune}
@@ -242,7 +244,7 @@ class Judge:
         return outcome
 
     # ---- trusted inputs and references --------------------------------------------------------
-    def _ground_truth(self, task: AttentionTask) -> list[GroundTruth]:
+    def _ground_truth(self, task: SeedTask) -> list[GroundTruth]:
         """Inputs, the f32 truth, and the task's XLA program's outputs: made before any candidate
         runs, kept in this process."""
         with self._lock:
@@ -250,15 +252,15 @@ class Judge:
                 self._truth[task] = self._make_ground_truth(task)
             return self._truth[task]
 
-    def _make_ground_truth(self, task: AttentionTask) -> list[GroundTruth]:
+    def _make_ground_truth(self, task: SeedTask) -> list[GroundTruth]:
         sets = []
-        for dist, seed in self.config.correctness_inputs:
-            qkv = make_inputs(task, seed, dist)
-            sets.append(GroundTruth(f"input {dist} seed {seed}", qkv, reference_f32(task, *qkv)))
+        for dist, seed in self.config.correctness_inputs or task.correctness_inputs:
+            inputs = task.make_inputs(seed, dist)
+            sets.append(GroundTruth(f"input {dist} seed {seed}", inputs, task.reference(*inputs)))
         timing = self._cached_reference(task)
         private = _private_dir("ref")
         try:
-            inputs = self._write_inputs(private, [g.qkv for g in sets])
+            inputs = self._write_inputs(private, task.input_names, [g.inputs for g in sets])
             outcome = self._run_runner(private, task, "reference", None, inputs,
                                        compile_tpu=timing is None or self.on_tpu)
             failure = self._failure(outcome)
@@ -278,10 +280,10 @@ class Judge:
             shutil.rmtree(private, ignore_errors=True)
         return sets
 
-    def _reference_key(self, task: AttentionTask) -> str:
+    def _reference_key(self, task: SeedTask) -> str:
         return f"{task.key}|{self.chip.name}|{self.timing.name}|libtpu={versions()['libtpu_version']}"
 
-    def reference_timing(self, task: AttentionTask) -> Timing:
+    def reference_timing(self, task: SeedTask) -> Timing:
         """The task's plain XLA program, compiled for the same chip, timed by the same source."""
         try:
             self._ground_truth(task)
@@ -289,7 +291,7 @@ class Judge:
             return Timing(None, error=str(exc))
         return self._references[self._reference_key(task)]
 
-    def _cached_reference(self, task: AttentionTask) -> Timing | None:
+    def _cached_reference(self, task: SeedTask) -> Timing | None:
         """A stored reference timing, trusted only if the file is ours alone and the entry is sane.
         Only the deterministic compiler estimate is stored."""
         if self.timing.name != "compiler_estimate":
@@ -313,7 +315,7 @@ class Judge:
             return None
         return Timing(latency, cycles=cycles)
 
-    def _store_reference(self, task: AttentionTask, timing: Timing) -> None:
+    def _store_reference(self, task: SeedTask, timing: Timing) -> None:
         cache_file = self.cache_dir / _REFERENCE_CACHE_FILE
         try:
             cache_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -327,12 +329,12 @@ class Judge:
             pass   # a cache, nothing more
 
     @staticmethod
-    def _write_inputs(directory: Path, sets: list[tuple]) -> list[str]:
+    def _write_inputs(directory: Path, names: Sequence[str], sets: list[tuple]) -> list[str]:
         dirs = []
-        for i, qkv in enumerate(sets):
+        for i, arrays in enumerate(sets):
             d = directory / f"inputs{i}"
             d.mkdir()
-            for name, array in zip(("q", "k", "v"), qkv):
+            for name, array in zip(names, arrays, strict=True):
                 stored = array.view(np.uint16) if str(array.dtype) == "bfloat16" else array
                 np.save(d / f"{name}.npy", stored, allow_pickle=False)
             dirs.append(str(d))
@@ -344,7 +346,7 @@ class Judge:
                 if e.get("event") == "stage_ok" and "stage" in e}
 
     # ---- the pipeline ---------------------------------------------------------------------------
-    def evaluate(self, source: str, task: AttentionTask, *, prune_above_cycles: int | None = None
+    def evaluate(self, source: str, task: SeedTask, *, prune_above_cycles: int | None = None
                  ) -> EvalResult:
         """Judge one kernel source. Never raises.
 
@@ -359,7 +361,7 @@ class Judge:
                                 stage="judge", provenance=self.provenance())
         return dataclasses.replace(result, wall_time_s=time.monotonic() - start)
 
-    def estimate(self, source: str, task: AttentionTask) -> tuple[int | None, list[dict], str]:
+    def estimate(self, source: str, task: SeedTask) -> tuple[int | None, list[dict], str]:
         """The compiler's estimate of a source, with the audit's findings, and no correctness
         check: (cycles or None, findings, why there is no figure). For sweeps and measurements
         of trusted kernels (scripts/); a candidate's figure only ever comes from ``evaluate``."""
@@ -381,7 +383,7 @@ class Judge:
         finally:
             shutil.rmtree(private, ignore_errors=True)
 
-    def evaluate_many(self, sources: Sequence[str], task: AttentionTask, *,
+    def evaluate_many(self, sources: Sequence[str], task: SeedTask, *,
                       prune_above_cycles: int | None = None) -> list[EvalResult]:
         """Judge several sources in parallel, one sandboxed worker per core."""
         if not sources:
@@ -391,15 +393,15 @@ class Judge:
             return list(pool.map(lambda s: self.evaluate(s, task, prune_above_cycles=prune_above_cycles),
                                  sources))
 
-    def _trace(self, source: str, task: AttentionTask) -> tuple[ChildOutcome, bytes | None]:
+    def _trace(self, source: str, task: SeedTask) -> tuple[ChildOutcome, bytes | None]:
         """Run the candidate in the jail; return what it said and the jaxpr it traced (as data)."""
         scratch = Path(tempfile.mkdtemp(prefix="pallas-evolve-cand-"))
         try:
             (scratch / "kernel.py").write_text(source)
             if self.isolation.enabled:
                 os.chown(scratch, jail.NOBODY, jail.NOBODY)
-            request = {"kernel_path": str(scratch / "kernel.py"), "entry": self.config.entry,
-                       "task": dataclasses.asdict(task), "out_dir": str(scratch)}
+            request = {"kernel_path": str(scratch / "kernel.py"), "entry": self.config.entry or task.entry,
+                       "specs": task.input_specs(), "kwargs": task.kernel_kwargs(), "out_dir": str(scratch)}
             # The worker only loads and traces: it gets those two budgets, in all.
             budgets = self.config.budgets
             outcome = self._run("evaluator.worker", scratch, request, self._child_env(scratch),
@@ -408,10 +410,11 @@ class Judge:
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
-    def _evaluate(self, source: str, task: AttentionTask, prune_above_cycles: int | None = None
+    def _evaluate(self, source: str, task: SeedTask, prune_above_cycles: int | None = None
                   ) -> EvalResult:
         prov = self.provenance()
-        screened = screen_source(source, entry=self.config.entry)
+        screened = screen_source(source, entry=self.config.entry or task.entry, params=tuple(task.input_names),
+                                 keywords=tuple(task.kernel_kwargs()))
         if not screened.ok:
             return EvalResult(Status.FAIL_SCREEN, error=screened.error, stage="screen", provenance=prov)
         reference = self.reference_timing(task)   # and the ground truth: before any candidate runs
@@ -433,7 +436,7 @@ class Judge:
         try:
             path = private / PROGRAM_FILE
             path.write_bytes(program)
-            input_dirs = self._write_inputs(private, [g.qkv for g in truth])
+            input_dirs = self._write_inputs(private, task.input_names, [g.inputs for g in truth])
             prune = None
             if prune_above_cycles is not None and self.timing.name == "compiler_estimate":
                 prune = {"estimate_dir": str(private / "llo"), "above_cycles": int(prune_above_cycles)}
@@ -472,7 +475,7 @@ class Judge:
                 except (OSError, ValueError) as exc:
                     return EvalResult(Status.FAIL_CORRECTNESS, error=f"unreadable output: {exc}",
                                       stage="correctness", metrics=metrics, provenance=prov)
-                cmp = compare(out, g.f32, expected_dtype=task.dtype, atol=atol, rtol=rtol,
+                cmp = compare(out, g.f32, expected_dtype=task.output_dtype, atol=atol, rtol=rtol,
                               label=g.label, baseline=g.program_out,
                               baseline_factor=self.config.reference_error_factor)
                 worst = (max(worst[0], cmp.max_abs_error or 0.0), max(worst[1], cmp.max_rel_error or 0.0),
@@ -545,12 +548,16 @@ class Judge:
         return None
 
 
-def evaluate(source: str, task: AttentionTask | None = None, chip: str = "v5e",
+def evaluate(source: str, task: SeedTask | None = None, chip: str = "v5e",
              config: JudgeConfig | None = None) -> EvalResult:
-    """Judge one kernel source on ``task`` (default: the seed's default task)."""
+    """Judge one kernel source on ``task`` (default: the flash-attention seed's default task)."""
     config = config or JudgeConfig(chip=chip)
     try:
         judge = Judge(config)
     except ValueError as exc:
         return EvalResult(Status.CRASH, error=str(exc), stage="judge")
-    return judge.evaluate(source, task or AttentionTask())
+    if task is None:
+        from seeds import load_seed
+
+        task = load_seed("flash_attention").default_task()
+    return judge.evaluate(source, task)

@@ -8,7 +8,9 @@ the judge for this process alone). It produces facts (findings of the audit, com
 the program's outputs as files, raw timing samples); the verdict is the judge's.
 
 Request keys: ``mode`` ("candidate" or "reference"), ``program`` (the worker's artifact),
-``task`` (AttentionTask fields), ``topology``, ``on_tpu``, ``inputs`` (input-set directories),
+``task`` (the task's fields) and ``task_source`` (its seed's task.py, to rebuild the reference
+program from), ``specs`` ([shape, dtype] of each input), ``input_names``, ``topology``,
+``on_tpu``, ``inputs`` (input-set directories),
 ``out_dir``, ``timing`` ({"warmup": n, "iters": n} or null), ``refuse`` (audit constructs that
 end the run), ``prune`` (null, or {"estimate_dir": dir, "above_cycles": n}: after the compile,
 read the compiler's estimate and, if it is over ``n``, stop before the correctness stage).
@@ -59,7 +61,7 @@ def _write_output(path: str, out) -> dict:
     return {"dtype": dtype, "shape": list(array.shape)}
 
 
-def _load_programs(path: str, shape: tuple, dtype, *, cpu: bool) -> dict:
+def _load_programs(path: str, specs: list, *, cpu: bool) -> dict:
     """The TPU (and CPU) program of the worker's traced jaxpr, lowered here."""
     import jax
 
@@ -69,11 +71,10 @@ def _load_programs(path: str, shape: tuple, dtype, *, cpu: bool) -> dict:
         blob = fh.read(wire.MAX_BYTES + 1)
     closed = wire.loads(blob)
     avals = [(tuple(a.shape), str(a.dtype)) for a in closed.in_avals]
-    if avals != [(shape, str(dtype))] * 3:
-        raise Refused(f"refused: the traced program takes {avals}, not q, k, v of {shape} {dtype}")
-    spec = jax.ShapeDtypeStruct(shape, dtype)
+    if avals != [(shape, str(dtype)) for shape, dtype in specs]:
+        raise Refused(f"refused: the traced program takes {avals}, not the task's inputs {specs}")
     try:
-        programs = traced.programs(closed, (spec, spec, spec), cpu=cpu)
+        programs = traced.programs(closed, tuple(jax.ShapeDtypeStruct(s, d) for s, d in specs), cpu=cpu)
     except traced.Refused as exc:
         raise Refused(str(exc)) from exc
     return {"tpu": programs.tpu} | ({"cpu": programs.cpu} if cpu else {})
@@ -83,8 +84,8 @@ def main(request_path: str) -> int:
     reporter = Reporter()
     with open(request_path) as fh:
         req = json.load(fh)
-    task = req["task"]
-    shape = (task["batch"], task["heads"], task["seq_len"], task["head_dim"])
+    specs = [(tuple(shape), str(dtype)) for shape, dtype in req["specs"]]
+    names = req["input_names"]
 
     stage = "load"
     try:
@@ -93,16 +94,15 @@ def main(request_path: str) -> int:
         import jax.numpy as jnp
         from jax.sharding import SingleDeviceSharding
 
-        dtype = jnp.dtype(task["dtype"])
         if req["mode"] == "reference":
-            from seeds.flash_attention.task import AttentionTask, reference_program
+            from seeds import task_from_source
 
-            tpu_fn = cpu_fn = reference_program(AttentionTask(**task))
+            tpu_fn = cpu_fn = task_from_source(req["task_source"], req["task"]).reference_program()
         else:
             stage = "lower"
             reporter.stage(stage)
             t0 = time.perf_counter()
-            programs = _load_programs(req["program"], shape, dtype, cpu=not req["on_tpu"])
+            programs = _load_programs(req["program"], specs, cpu=not req["on_tpu"])
             stage = "audit"
             reporter.stage(stage)
             from evaluator.kernel_audit import audit_exported
@@ -128,9 +128,9 @@ def main(request_path: str) -> int:
 
                 device = topologies.get_topology_desc(
                     topology_name=req["topology"], platform="tpu").devices[0]
-            spec = jax.ShapeDtypeStruct(shape, dtype, sharding=SingleDeviceSharding(device))
+            args = [jax.ShapeDtypeStruct(s, d, sharding=SingleDeviceSharding(device)) for s, d in specs]
             t0 = time.perf_counter()
-            compiled = jax.jit(tpu_fn).lower(spec, spec, spec).compile()
+            compiled = jax.jit(tpu_fn).lower(*args).compile()
             facts = _hlo_facts(compiled.as_text())
             facts["compile_time_s"] = time.perf_counter() - t0
             reporter.send(event="stage_ok", stage=stage, data=facts)
@@ -153,7 +153,7 @@ def main(request_path: str) -> int:
         outputs = []
         run_cpu = None if req["on_tpu"] else jax.jit(cpu_fn)
         for i, directory in enumerate(req["inputs"]):
-            args = [_read_input(directory, name, task["dtype"]) for name in ("q", "k", "v")]
+            args = [_read_input(directory, name, d) for name, (_, d) in zip(names, specs, strict=True)]
             if run_cpu is None:
                 out = compiled(*[jax.device_put(a, device) for a in args])
             else:
@@ -166,8 +166,8 @@ def main(request_path: str) -> int:
         if req["on_tpu"] and req.get("timing"):
             stage = "timing"
             reporter.stage(stage)
-            args = [jax.device_put(_read_input(req["inputs"][0], n, task["dtype"]), device)
-                    for n in ("q", "k", "v")]
+            args = [jax.device_put(_read_input(req["inputs"][0], n, d), device)
+                    for n, (_, d) in zip(names, specs, strict=True)]
             t_stage = time.perf_counter()
             for _ in range(req["timing"]["warmup"]):
                 jax.block_until_ready(compiled(*args))

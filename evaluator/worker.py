@@ -7,7 +7,8 @@ jaxpr, as data (``wire.py``). It never lowers or exports a program, never sees t
 never compiles for the TPU, never writes an output or a profile. Everything after the trace
 happens in the trusted runner (``runner.py``), which never imports candidate code.
 
-Request keys: ``kernel_path``, ``entry``, ``task`` (the AttentionTask fields), ``out_dir``.
+Request keys: ``kernel_path``, ``entry``, ``specs`` ([shape, dtype] of each input), ``kwargs``
+(the entry point's static keyword arguments), ``out_dir``. The worker knows no seed.
 """
 
 from __future__ import annotations
@@ -38,8 +39,6 @@ def main(request_path: str) -> int:
     reporter = Reporter()
     with open(request_path) as fh:
         req = json.load(fh)
-    task = req["task"]
-    shape = (task["batch"], task["heads"], task["seq_len"], task["head_dim"])
 
     stage = "load"
     try:
@@ -50,14 +49,13 @@ def main(request_path: str) -> int:
         from evaluator import traced, wire
 
         kernel = _load_kernel(req["kernel_path"], req["entry"])
-        fn = functools.partial(kernel, causal=task["causal"],
-                               sm_scale=1.0 / float(task["head_dim"]) ** 0.5)
+        fn = functools.partial(kernel, **req["kwargs"])
 
         stage = "lower"
         reporter.stage(stage)
         t0 = time.perf_counter()
-        spec = jax.ShapeDtypeStruct(shape, jnp.dtype(task["dtype"]))
-        closed = traced.trace(fn, (spec, spec, spec))
+        specs = tuple(jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype)) for shape, dtype in req["specs"])
+        closed = traced.trace(fn, specs)
         with open(f"{req['out_dir']}/{PROGRAM_FILE}", "wb") as fh:
             fh.write(wire.dumps(closed))
         reporter.send(event="stage_ok", stage=stage,

@@ -1,5 +1,6 @@
 """A one-step ablation: the seed, the seed with each operator alone (its best parameters), all
-operators together, and JAX's own kernel — judged side by side in one run, one timing source."""
+operators together, and the seed's outside kernels (JAX's own, for flash attention) — judged side
+by side in one run, one timing source."""
 
 from __future__ import annotations
 
@@ -11,8 +12,6 @@ from evaluator.judge import Judge
 from evaluator.result import EvalResult
 from mutations import Edit, all_operators, replay
 
-JAX_KERNEL = Path(__file__).resolve().parent.parent / "examples" / "jax_flash_attention.py"
-JAX_TUNED = Path(__file__).resolve().parent.parent / "examples" / "jax_flash_attention_tuned.py"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,6 +20,7 @@ class Entry:
     edits: tuple[Edit, ...]
     source: str
     result: EvalResult | None = None
+    peer: bool = False            # an outside kernel, not built by the operators
 
 
 def variants(op, source: str, task, tries: int = 60, limit: int = 12) -> list[tuple[Edit, str]]:
@@ -106,7 +106,7 @@ def _grid(judge: Judge, seed_source: str, task, singles: dict[str, list[Entry]],
     return best, len(judged)
 
 
-def run_ablation(judge: Judge, seed_source: str, task, *, include_jax: bool = True) -> list[Entry]:
+def run_ablation(judge: Judge, seed_source: str, task, *, peers: dict[str, Path] | None = None) -> list[Entry]:
     ops = all_operators()
     singles: dict[str, list[Entry]] = {}
     for op in ops:
@@ -117,16 +117,15 @@ def run_ablation(judge: Judge, seed_source: str, task, *, include_jax: bool = Tr
                 base, base_edits, label = pre[1], (pre[0],), f"seed + {pre[0].op} + {op.name}"
         singles[op.name] = [Entry(label, base_edits + (edit,), src) for edit, src in variants(op, base, task)]
     batch = [Entry("seed", (), seed_source)] + [e for group in singles.values() for e in group]
-    peers = [("JAX flash_attention (default blocks)", JAX_KERNEL),
-             ("JAX flash_attention (tuned blocks)", JAX_TUNED)] if include_jax else []
-    batch += [Entry(label, (), path.read_text()) for label, path in peers if path.is_file()]
+    batch += [Entry(label, (), path.read_text(), peer=True) for label, path in (peers or {}).items()
+              if path.is_file()]
     results = judge.evaluate_many([e.source for e in batch], task)
     batch = [dataclasses.replace(e, result=r) for e, r in zip(batch, results)]
     by_source = {e.source: e for e in batch}
     for name in singles:
         singles[name] = [by_source[e.source] for e in singles[name]]
 
-    ours = [e for e in batch if not e.label.startswith("JAX") and e.result.ok]
+    ours = [e for e in batch if not e.peer and e.result.ok]
     best_cycles = min((e.result.metrics.estimated_cycles for e in ours if e.result.metrics.estimated_cycles),
                       default=None)
     grid, tried = _grid(judge, seed_source, task, singles, best_cycles)
@@ -141,7 +140,7 @@ def run_ablation(judge: Judge, seed_source: str, task, *, include_jax: bool = Tr
     if grid is not None:
         rows.append(dataclasses.replace(grid, label=f"all operators together (best of {tried} in a grid of "
                                                     "blocks x heads per program x strips)"))
-    rows.extend(e for e in batch if e.label.startswith("JAX"))
+    rows.extend(e for e in batch if e.peer)
     return rows
 
 

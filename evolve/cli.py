@@ -11,7 +11,7 @@ from evolve.errors import UsageError
 
 # Modules that contribute subcommands through add_commands(subparsers).
 COMMAND_MODULES = ("evolve.cli_eval", "evolve.cli_mutations", "evolve.cli_run", "evolve.cli_ablate",
-                   "evolve.cli_bench")
+                   "evolve.cli_bench", "evolve.cli_seeds")
 
 
 class _Parser(argparse.ArgumentParser):

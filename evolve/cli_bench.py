@@ -71,7 +71,8 @@ def add_commands(subparsers) -> None:
     p.add_argument("--budget", type=int, default=32, help="distinct kernels per strategy and repeat (default 32)")
     p.add_argument("--repeats", type=int, default=1, help="runs per strategy, RNG seeds base..base+R-1")
     p.add_argument("--rng-seed", type=int, default=None, help="the first repeat's RNG seed (default 0)")
-    p.add_argument("--seed", default=None, help="the seed kernel (default flash_attention)")
+    p.add_argument("--seed", default=None,
+                   help="a built-in seed (evolve seeds) or a seed directory (default flash_attention)")
     p.add_argument("--chip", default=None, help="v5e (default) or v6e")
     p.add_argument("--shape", default=None, help="e.g. B=1,H=8,N=2048,D=128")
     p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None)

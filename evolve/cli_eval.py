@@ -12,40 +12,45 @@ from evolve.errors import UsageError
 
 
 def add_task_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--seed", default="flash_attention",
+                        help="a built-in seed's name (evolve seeds) or a seed directory (default flash_attention)")
     parser.add_argument("--chip", default="v5e", help=f"target chip: {', '.join(CHIPS)} (default v5e)")
-    parser.add_argument("--shape", default="", help="problem shape, e.g. B=1,H=8,N=2048,D=128")
-    parser.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True,
-                        help="causal attention (default) or full attention (--no-causal)")
-    parser.add_argument("--dtype", default="bfloat16", help="bfloat16 (default), float16 or float32")
+    parser.add_argument("--shape", default=None, help="problem shape in the seed's grammar, e.g. "
+                                                      "B=1,H=8,N=2048,D=128 (default: the seed's)")
+    parser.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None,
+                        help="attention seeds: causal (default) or full attention (--no-causal)")
+    parser.add_argument("--dtype", default=None, help="bfloat16 (the seeds' default), float16 or float32")
+
+
+def load_seed_arg(name_or_path: str):
+    from seeds import SeedError, load_seed
+
+    try:
+        return load_seed(name_or_path)
+    except SeedError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def task_from_args(args: argparse.Namespace):
-    from seeds.flash_attention.task import AttentionTask, parse_shape
+    from evolve.config import TaskConfig
 
     if args.chip not in CHIPS:
         raise UsageError(f"unknown chip {args.chip!r}; use --chip with one of: {', '.join(CHIPS)}")
-    try:
-        return AttentionTask(**parse_shape(args.shape), causal=args.causal, dtype=args.dtype)
-    except ValueError as exc:
-        raise UsageError(f"bad task: {exc}") from None
+    return TaskConfig(seed=args.seed, shape=args.shape, causal=args.causal, dtype=args.dtype).task()
 
 
 def check_tiling(source: str, task) -> None:
-    """Refuse at once a shape the kernel's block tunables cannot tile (bad input, not a bad kernel)."""
+    """Refuse at once a shape the kernel's tunables cannot tile (bad input, not a bad kernel); the
+    rule is the seed's task's."""
     from mutations import read_tunables
 
     try:
         consts = read_tunables(source)
     except Exception:  # noqa: BLE001 - an unparsable source is the screen's business
         consts = {}
-    for name in ("BLOCK_Q", "BLOCK_KV"):
-        block = consts.get(name)
-        if block and task.seq_len > block and task.seq_len % block:
-            raise UsageError(f"N={task.seq_len} cannot be tiled by the kernel's {name}={block}; "
-                             f"use an N that is a multiple of {block}")
-    if task.seq_len > 128 and task.seq_len % 128:
-        raise UsageError(f"N={task.seq_len} is not a multiple of 128, the TPU's lane tile; "
-                         "use a multiple of 128 (or N <= 128)")
+    problem = task.tiling_problem(consts)
+    if problem:
+        raise UsageError(problem)
 
 
 def format_table(result: EvalResult, path: str, task) -> str:
@@ -84,10 +89,11 @@ def format_table(result: EvalResult, path: str, task) -> str:
 def cmd_eval(args: argparse.Namespace) -> int:
     from evaluator.judge import Judge, JudgeConfig
 
+    task = task_from_args(args)
+    wanted = f"defines the seed's entry point {task.entry}({', '.join(task.input_names)}, ...)"
     path = Path(args.path)
     if not path.is_file():
-        raise UsageError(f"no kernel file at {args.path}; give the path of a Python file that "
-                         "defines flash_attention(q, k, v, *, causal, sm_scale)")
+        raise UsageError(f"no kernel file at {args.path}; give the path of a Python file that {wanted}")
     try:
         source = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
@@ -97,8 +103,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     except (SyntaxError, ValueError) as exc:
         where = f" (line {exc.lineno})" if getattr(exc, "lineno", None) else ""
         raise UsageError(f"{args.path} is not Python{where}; give the path of a Python file that "
-                         "defines flash_attention(q, k, v, *, causal, sm_scale)") from None
-    task = task_from_args(args)
+                         f"{wanted}") from None
     check_tiling(source, task)
     try:
         judge = Judge(JudgeConfig(chip=args.chip, timing=args.timing))
@@ -114,7 +119,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def add_commands(subparsers) -> None:
     p = subparsers.add_parser("eval", help="judge one kernel file against the seed's task")
-    p.add_argument("path", help="a kernel file defining flash_attention(q, k, v, *, causal, sm_scale)")
+    p.add_argument("path", help="a kernel file defining the seed's entry point (flash_attention(q, k, v, "
+                                "*, causal, sm_scale) for the default seed)")
     add_task_arguments(p)
     p.add_argument("--timing", default="auto",
                    help="auto (measured on a TPU host, else compiler_estimate), compiler_estimate, measured")

@@ -29,11 +29,9 @@ def add_commands(subparsers) -> None:
     mutate.add_argument("--rng-seed", type=int, default=0, metavar="N",
                         help="seed of the random.Random the operators draw parameters from (default 0)")
     mutate.add_argument("--out", metavar="FILE", help="write the rewritten source here instead of a diff")
-    mutate.add_argument("--shape", default="", metavar="B=1,H=8,N=2048,D=128",
-                        help="task shape the preconditions check against (any subset; defaults "
-                             "from AttentionTask)")
-    mutate.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True,
-                        help="causal task (default) or not")
+    from evolve.cli_eval import add_task_arguments
+
+    add_task_arguments(mutate)   # the task the preconditions check against
     mutate.set_defaults(func=cmd_mutate)
 
 
@@ -53,8 +51,9 @@ def cmd_ops(args: argparse.Namespace) -> int:
 
 
 def cmd_mutate(args: argparse.Namespace) -> int:
+    from evolve.cli_eval import task_from_args
+    from evolve.errors import UsageError
     from mutations import get_operator
-    from seeds.flash_attention.task import AttentionTask, parse_shape
 
     try:
         operators = [get_operator(name) for name in args.ops]
@@ -66,8 +65,8 @@ def cmd_mutate(args: argparse.Namespace) -> int:
     except OSError as exc:
         return _error(f"cannot read {path}: {exc.strerror or exc}")
     try:
-        task = AttentionTask(**parse_shape(args.shape), causal=args.causal)
-    except ValueError as exc:
+        task = task_from_args(args)
+    except UsageError as exc:
         return _error(str(exc))
 
     rng = random.Random(args.rng_seed)

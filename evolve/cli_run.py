@@ -39,8 +39,10 @@ def _config_from_args(args: argparse.Namespace):
     return load_config(args.config, {
         "search": {"population": args.population, "generations": args.generations,
                    "rng_seed": args.rng_seed, "prune_factor": args.prune_factor, "lag": args.lag},
-        "task": {"seed": args.seed, "shape": args.shape, "causal": args.causal},
-        "judge": {"chip": args.chip, "workers": args.workers, "peers": args.peers},
+        "task": {"seed": args.seed, "shape": args.shape, "causal": args.causal,
+                 "dtype": getattr(args, "dtype", None)},
+        "judge": {"chip": args.chip, "workers": args.workers, "peers": args.peers,
+                  "timing": getattr(args, "timing", None)},
     })
 
 
@@ -84,10 +86,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from evolve.run import EvolutionRun
 
     from evolve.cli_eval import check_tiling
-    from evolve.run import SEED_KERNELS
 
     config = _config_from_args(args)
-    check_tiling(SEED_KERNELS[config.task.seed].read_text(), config.task.task())
+    check_tiling(config.task.load_seed().kernel_source, config.task.task())
     _archive(args.data_dir, create=True)
     run = EvolutionRun(config, args.data_dir)
     print(f"run {run.run_id}: {config.search.population} individuals x {config.search.generations} "
@@ -287,7 +288,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
         print(f"evolve: champion {champion_id} no longer passes the judge: {result.status.value}: "
               f"{result.error}", file=sys.stderr)
         return 1
-    name = args.name or f"flash_attention_{config.judge.chip}"
+    name = args.name or f"{task.name}_{config.judge.chip}"
     found = individual_run(args.data_dir, args.run, champion_id)
     link = f"http://127.0.0.1:5000/#/experiments/{found[0]}/runs/{found[1]}" if found else None
     tunables = read_tunables(source)
@@ -321,10 +322,14 @@ def add_commands(subparsers) -> None:
         p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="where runs are stored (default ./evolve_data)")
 
     p = subparsers.add_parser("run", help="start an evolution run")
-    p.add_argument("--seed", default=None, help="the seed kernel (default flash_attention)")
+    p.add_argument("--seed", default=None,
+                   help="a built-in seed (evolve seeds) or a seed directory (default flash_attention)")
     p.add_argument("--chip", default=None, help="v5e (default) or v6e")
     p.add_argument("--shape", default=None, help="e.g. B=1,H=8,N=2048,D=128")
     p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--dtype", default=None, help="bfloat16 (the seeds' default), float16 or float32")
+    p.add_argument("--timing", default=None, help="auto (default: measured on a TPU host, else "
+                                                   "compiler_estimate), compiler_estimate or measured")
     p.add_argument("--population", type=int, default=None)
     p.add_argument("--generations", type=int, default=None)
     p.add_argument("--rng-seed", type=int, default=None)

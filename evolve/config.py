@@ -9,9 +9,6 @@ from typing import Any
 
 from evolve.errors import UsageError
 
-SEEDS = ("flash_attention",)
-
-
 @dataclasses.dataclass(frozen=True)
 class SearchConfig:
     population: int = 8
@@ -64,22 +61,32 @@ class SearchConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TaskConfig:
+    """The seed (a built-in name or a seed directory's path) and its problem. ``shape`` None: the
+    seed's default; ``causal`` and ``dtype`` None: the seed's default (not every seed has them)."""
+
     seed: str = "flash_attention"
-    shape: str = "B=1,H=8,N=2048,D=128"
-    causal: bool = True
-    dtype: str = "bfloat16"
+    shape: str | None = None
+    causal: bool | None = None
+    dtype: str | None = None
 
     def __post_init__(self) -> None:
-        if self.seed not in SEEDS:
-            raise UsageError(f"unknown seed {self.seed!r}; available seeds: {', '.join(SEEDS)}")
+        self.load_seed()
 
-    def task(self):
-        from seeds.flash_attention.task import AttentionTask, parse_shape
+    def load_seed(self):
+        from seeds import SeedError, load_seed
 
         try:
-            return AttentionTask(**parse_shape(self.shape), causal=self.causal, dtype=self.dtype)
+            return load_seed(self.seed)
+        except SeedError as exc:
+            raise UsageError(str(exc)) from None
+
+    def task(self):
+        seed = self.load_seed()
+        options = {k: v for k, v in (("causal", self.causal), ("dtype", self.dtype)) if v is not None}
+        try:
+            return seed.task(self.shape, **options)
         except ValueError as exc:
-            raise UsageError(f"bad task: {exc}") from None
+            raise UsageError(f"bad task for seed {seed.name}: {exc}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +103,8 @@ class JudgeSettings:
             raise UsageError(f"unknown chip {self.chip!r}; use --chip with one of: {', '.join(CHIPS)}")
         if self.workers < 0:
             raise UsageError(f"workers must be 0 (one per core) or more, got {self.workers}")
+        if self.timing not in ("auto", "compiler_estimate", "measured"):
+            raise UsageError(f"unknown timing source {self.timing!r}; use auto, compiler_estimate or measured")
 
 
 @dataclasses.dataclass(frozen=True)

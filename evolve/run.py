@@ -31,11 +31,6 @@ from evolve.strategies import strategy_class
 from mlflow_runs import Tracker, ensure_store
 from mutations import read_tunables
 
-SEED_KERNELS = {"flash_attention": Path(__file__).resolve().parent.parent / "seeds" / "flash_attention"
-                / "kernel.py"}
-# The strongest alternative a user has, judged in the same run by the same judge.
-PEERS = {"flash_attention": {"JAX flash_attention (tuned blocks)": Path(__file__).resolve().parent.parent
-                             / "examples" / "jax_flash_attention_tuned.py"}}
 
 
 def new_run_id() -> str:
@@ -86,8 +81,9 @@ class EvolutionRun:
         self.data_dir = Path(data_dir)
         self.archive = Archive(self.data_dir)
         self.run_id = run_id or new_run_id()
+        self.seed = config.task.load_seed()
         self.task = config.task.task()
-        self.seed_source = SEED_KERNELS[config.task.seed].read_text()
+        self.seed_source = self.seed.kernel_source
         self.judge = Judge(JudgeConfig(chip=config.judge.chip, timing=config.judge.timing, workers=workers,
                                        cache_dir=str(self.data_dir / "cache")))
         ensure_store(self.data_dir)           # the schema, once, before any worker starts
@@ -166,7 +162,8 @@ class EvolutionRun:
                 "chip": self.prov.chip, "strategy": self.strategy, **versions()}
 
     def _judge_peers(self) -> None:
-        for name, path in PEERS.get(self.config.task.seed, {}).items():
+        # The strongest alternatives a user has (the seed names them), judged by the same judge.
+        for name, path in self.seed.peer_paths().items():
             self.peers[name] = self.judge.evaluate(path.read_text(), self.task)
 
     def start_peers(self) -> None:

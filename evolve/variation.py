@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from typing import Any
 
@@ -45,22 +46,24 @@ def mutate(parent: Individual, seed_source: str, task: Any, rng: random.Random,
 
 def block_shapes(seed: Individual, task: Any, rng: random.Random, count: int, generation: int = 0,
                  max_chain: int = 1, chained: float = 0.75) -> list[Individual]:
-    """``count`` children of the seed with distinct (BLOCK_Q, BLOCK_KV), drawn without replacement
-    from every legal pair; with probability ``chained`` each is followed by a chain of 1..max_chain-1
+    """``count`` children of the seed with distinct block shapes (the values of the seed's tunables
+    that the task declares legal values for, e.g. (BLOCK_Q, BLOCK_KV)), drawn without replacement
+    from every legal combination; with probability ``chained`` each is followed by a chain of 1..max_chain-1
     other operators, drawn to cover every operator before any repeats: a first population that
     spans the block shapes and tells the search (and its surrogate) what each operator does."""
     from mutations import get_operator, legal_values, operator_names, read_tunables
 
     current = read_tunables(seed.source)
-    pairs = [(q, kv) for q in legal_values("BLOCK_Q", task) for kv in legal_values("BLOCK_KV", task)
-             if (q, kv) != (current.get("BLOCK_Q"), current.get("BLOCK_KV"))]
-    rng.shuffle(pairs)
+    names = [n for n in current if task.legal_values(n) is not None]     # in the source's order
+    shapes = [s for s in itertools.product(*(legal_values(n, task) for n in names))
+              if s != tuple(current[n] for n in names)] if names else []
+    rng.shuffle(shapes)
     blocks = get_operator("block_sizes")
     used = {name: 0 for name in operator_names() if name != "block_sizes"}
     children = []
-    for q, kv in pairs[:count]:
+    for shape in shapes[:count]:
         source, edits = seed.source, []
-        for name, value in (("BLOCK_Q", q), ("BLOCK_KV", kv)):
+        for name, value in zip(names, shape):
             result = blocks.apply_params(source, task, {"tunable": name, "value": value})
             if result.applied:
                 source, edits = result.source, edits + [result.edit]

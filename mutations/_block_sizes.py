@@ -10,30 +10,26 @@ import libcst as cst
 from ._base import APPLICABLE, Applicability, NotApplicable, Operator
 from ._tunables import module_ints, set_tunable
 
-SEQ_TILE = 128          # sequence blocks are multiples of the 128-lane tile
-MAX_SEQ_BLOCK = 2048    # beyond this a block's f32 logits alone no longer fit scoped VMEM
-MAX_HEADS_PER_PROGRAM = 8
-
-
 def legal_values(name: str, task: Any) -> list[int]:
-    """Legal values of a block tunable for the task, ascending."""
-    if name in ("BLOCK_Q", "BLOCK_KV"):
-        n = task.seq_len
-        return [v for v in range(SEQ_TILE, min(n, MAX_SEQ_BLOCK) + 1, SEQ_TILE) if n % v == 0]
-    if name == "HEADS_PER_PROGRAM":
-        return [v for v in range(1, min(task.heads, MAX_HEADS_PER_PROGRAM) + 1) if task.heads % v == 0]
-    return []
+    """Legal values of a module-level tunable, ascending: the task's rule (the seed knows its
+    kernel's tiling), or none if the task does not know the tunable."""
+    return list(task.legal_values(name) or [])
+
+
+def _tunables(module: cst.Module, task: Any) -> list[str]:
+    """The kernel's module-level integer constants that the task has legal values for."""
+    return sorted(name for name in module_ints(module) if task.legal_values(name) is not None)
 
 
 class BlockSizes(Operator):
     name = "block_sizes"
-    description = ("Move one block-size tunable (BLOCK_Q, BLOCK_KV, HEADS_PER_PROGRAM) to another "
-                   "legal value: a multiple of 128 dividing N, or a divisor of H.")
+    description = ("Move one block-size tunable (a module-level constant such as BLOCK_Q, BLOCK_KV or "
+                   "HEADS_PER_PROGRAM) to another value its task declares legal.")
 
     def _choices(self, module: cst.Module, task: Any) -> dict[str, list[int]]:
         ints = module_ints(module)
         out = {}
-        for name in ("BLOCK_Q", "BLOCK_KV", "HEADS_PER_PROGRAM"):
+        for name in _tunables(module, task):
             if name in ints:
                 values = [v for v in legal_values(name, task) if v != ints[name]]
                 if values:
@@ -41,14 +37,11 @@ class BlockSizes(Operator):
         return out
 
     def _check(self, module, task) -> Applicability:
-        ints = module_ints(module)
-        present = [n for n in ("BLOCK_Q", "BLOCK_KV", "HEADS_PER_PROGRAM") if n in ints]
+        present = _tunables(module, task)
         if not present:
-            return Applicability(False, "no BLOCK_Q / BLOCK_KV / HEADS_PER_PROGRAM module constant")
+            return Applicability(False, "no module-level block-size constant that the task has legal values for")
         if not self._choices(module, task):
-            return Applicability(False, f"no other legal value for {', '.join(present)} at "
-                                        f"N={task.seq_len}, H={task.heads} (sequence blocks must be "
-                                        f"multiples of {SEQ_TILE} dividing N)")
+            return Applicability(False, f"no other legal value for {', '.join(present)} at {task.key}")
         return APPLICABLE
 
     def _sample(self, module, task, rng: random.Random) -> dict[str, Any]:
@@ -62,6 +55,6 @@ class BlockSizes(Operator):
         if name not in ints:
             raise NotApplicable(f"the source has no tunable {name!r}")
         if not isinstance(value, int) or value not in legal_values(name, task):
-            raise NotApplicable(f"{name}={value!r} is not legal for N={task.seq_len}, H={task.heads}: "
+            raise NotApplicable(f"{name}={value!r} is not legal at {task.key}: "
                                 f"legal values are {legal_values(name, task)}")
         return set_tunable(module, name, str(value))

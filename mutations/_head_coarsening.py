@@ -22,7 +22,6 @@ import libcst as cst
 
 from . import _cst as C
 from ._base import APPLICABLE, Applicability, NotApplicable, Operator
-from ._block_sizes import MAX_HEADS_PER_PROGRAM
 from ._tunables import module_ints, set_tunable
 
 HEAD = "head"
@@ -55,7 +54,8 @@ if {heads} % heads_per_program:
 
 
 def _choices(task: Any) -> list[int]:
-    return [d for d in range(2, min(task.heads, MAX_HEADS_PER_PROGRAM) + 1) if task.heads % d == 0]
+    """Heads per program above one that the task allows (none for a task without heads)."""
+    return [d for d in task.legal_values("HEADS_PER_PROGRAM") or [] if d >= 2]
 
 
 def _grid_assign(wrapper: cst.FunctionDef) -> tuple[int, cst.Tuple]:
@@ -121,7 +121,7 @@ class HeadCoarsening(Operator):
             return Applicability(False, "diagonal strips run _step on ref views; they need one head "
                                         "per program")
         if not _choices(task):
-            return Applicability(False, f"H={task.heads} has no divisor in 2..{MAX_HEADS_PER_PROGRAM}")
+            return Applicability(False, f"the task ({task.key}) allows no more than one head per program")
         fn = C.kernel(module)
         io_refs, scratch_refs = C.kernel_refs(fn)
         taken = {HEAD, LANES, "head_dim", "heads_per_program"} & (C.names_in(fn) | set(C.kernel_kwonly(fn)))
@@ -176,7 +176,7 @@ class HeadCoarsening(Operator):
     def _rewrite(self, module, task, params) -> cst.Module:
         hpp = params.get("heads_per_program")
         if hpp not in _choices(task):
-            raise NotApplicable(f"heads_per_program={hpp!r} is not one of {_choices(task)} for H={task.heads}")
+            raise NotApplicable(f"heads_per_program={hpp!r} is not one of {_choices(task)} at {task.key}")
         fn = C.kernel(module)
         io_refs, scratch_refs = C.kernel_refs(fn)
         head_dim = C.code(_block_shapes(module)[0].elements[3].value)

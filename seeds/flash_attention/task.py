@@ -8,11 +8,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import numpy as np
 
+from seeds._contract import SeedTask
+
 DTYPES = ("bfloat16", "float16", "float32")
 DISTRIBUTIONS = ("normal", "outliers")
+SEQ_TILE = 128            # sequence blocks are multiples of the 128-lane tile
+MAX_SEQ_BLOCK = 2048
+MAX_HEADS_PER_PROGRAM = 8
 
 # |out - ref| <= atol + rtol * |ref|, elementwise, on top of strict shape / dtype / NaN checks.
 # bf16 outputs round at 2**-8 relative; the kernel's own bf16 matmuls add about as much again.
@@ -24,8 +30,17 @@ TOLERANCES = {
 
 
 @dataclasses.dataclass(frozen=True)
-class AttentionTask:
+class Task(SeedTask):
     """One attention problem: (B, H, N, D) query, key and value of one dtype."""
+
+    name = "flash_attention"
+    description = "multi-head attention softmax(q k^T * sm_scale [causal mask]) v, forward"
+    entry = "flash_attention"
+    input_names = ("q", "k", "v")
+    shape_grammar = "B=1,H=8,N=2048,D=128"
+    distributions = DISTRIBUTIONS
+    peers = {"JAX flash_attention (tuned blocks)": "../../examples/jax_flash_attention_tuned.py"}
+    ablation_peers = {"JAX flash_attention (default blocks)": "../../examples/jax_flash_attention.py"}
 
     batch: int = 1
     heads: int = 8
@@ -41,6 +56,14 @@ class AttentionTask:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+
+    @classmethod
+    def from_options(cls, shape: str | None = None, **options: Any) -> Task:
+        unknown = set(options) - {"causal", "dtype"}
+        if unknown:
+            raise ValueError(f"flash_attention takes no option {', '.join(sorted(unknown))}; "
+                             "its options are causal and dtype")
+        return cls(**parse_shape(shape or ""), **{k: v for k, v in options.items() if v is not None})
 
     # ---- identity -------------------------------------------------------------------------
     @property
@@ -78,6 +101,47 @@ class AttentionTask:
     @property
     def tolerance(self) -> tuple[float, float]:
         return TOLERANCES[self.dtype]
+
+    # ---- the contract's calls --------------------------------------------------------------------
+    def input_specs(self) -> list[tuple[tuple[int, ...], str]]:
+        return [(self.shape, self.dtype)] * 3
+
+    def kernel_kwargs(self) -> dict[str, Any]:
+        return {"causal": self.causal, "sm_scale": self.sm_scale}
+
+    def make_inputs(self, seed: int, distribution: str = "normal"):
+        return make_inputs(self, seed, distribution)
+
+    def reference(self, q, k, v):
+        return reference_f32(self, q, k, v)
+
+    def reference_program(self):
+        return reference_program(self)
+
+    def tiling_problem(self, tunables: dict[str, int]) -> str | None:
+        for name in ("BLOCK_Q", "BLOCK_KV"):
+            block = tunables.get(name)
+            if block and self.seq_len > block and self.seq_len % block:
+                return (f"N={self.seq_len} cannot be tiled by the kernel's {name}={block}; "
+                        f"use an N that is a multiple of {block}")
+        if self.seq_len > SEQ_TILE and self.seq_len % SEQ_TILE:
+            return (f"N={self.seq_len} is not a multiple of {SEQ_TILE}, the TPU's lane tile; "
+                    f"use a multiple of {SEQ_TILE} (or N <= {SEQ_TILE})")
+        return None
+
+    def legal_values(self, tunable: str) -> list[int] | None:
+        """Sequence blocks: multiples of the 128-lane tile dividing N, up to 2048 (beyond it a
+        block's f32 logits alone no longer fit scoped VMEM); heads per program: divisors of H up
+        to 8."""
+        if tunable in ("BLOCK_Q", "BLOCK_KV"):
+            n = self.seq_len
+            return [v for v in range(SEQ_TILE, min(n, MAX_SEQ_BLOCK) + 1, SEQ_TILE) if n % v == 0]
+        if tunable == "HEADS_PER_PROGRAM":
+            return [v for v in range(1, min(self.heads, MAX_HEADS_PER_PROGRAM) + 1) if self.heads % v == 0]
+        return None
+
+
+AttentionTask = Task   # the name the rest of this seed's code and its tests use
 
 
 def parse_shape(text: str) -> dict[str, int]:
@@ -125,6 +189,7 @@ def make_inputs(task: AttentionTask, seed: int, distribution: str = "normal"):
 
 # Inputs every candidate is checked on: several PRNG seeds and both distributions.
 CORRECTNESS_INPUTS = (("normal", 0), ("normal", 1), ("outliers", 2))
+Task.correctness_inputs = CORRECTNESS_INPUTS
 
 
 # ---- references ------------------------------------------------------------------------------

@@ -58,7 +58,7 @@ def test_block_sizes_samples_only_legal_values():
 
 
 def test_block_sizes_not_applicable():
-    assert "no BLOCK_Q" in not_applicable("block_sizes", "X = 1\n")
+    assert "no module-level block-size constant" in not_applicable("block_sizes", "X = 1\n")
     # N=128: 128 is the only legal sequence block.
     assert "no other legal value" in not_applicable(
         "block_sizes", "BLOCK_Q = 128\n", AttentionTask(seq_len=128))
@@ -240,8 +240,8 @@ def test_head_coarsening_needs_the_one_head_layout():
 
 
 def test_head_coarsening_checks_the_task_heads():
-    assert "divisor" in not_applicable("head_coarsening", MINI, AttentionTask(heads=1))
-    assert "divisor" in not_applicable("head_coarsening", MINI, AttentionTask(heads=11))
+    assert "no more than one head per program" in not_applicable("head_coarsening", MINI, AttentionTask(heads=1))
+    assert "no more than one head per program" in not_applicable("head_coarsening", MINI, AttentionTask(heads=11))
     bad = get_operator("head_coarsening").apply_params(MINI, AttentionTask(heads=6), {"heads_per_program": 4})
     assert bad.status == "not_applicable"
     for seed in range(20):

@@ -1,0 +1,220 @@
+"""The seed contract: what a seed directory holds, and how the rest of pallas-evolve finds it.
+
+A seed is a directory with two files:
+
+* ``task.py`` (trusted; never taken from a candidate) defines ``class Task(SeedTask)``, a frozen
+  dataclass whose fields are one problem of the kernel (its shape, dtype, options), with what
+  the judge needs: the entry point's name and static keyword arguments, the input generator, the
+  f32 reference, the plain XLA program speedups are quoted against, the useful FLOPs, the
+  unavoidable HBM bytes and the tolerances.
+* ``kernel.py``: the starting candidate, defining the entry point.
+
+Nothing outside a seed directory names a seed: the built-in seeds are found by name
+(``seeds/<name>/``), any other by its path. ``load_seed`` checks the contract and says in one
+line what is missing (a ``SeedError``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import sys
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+BUILTIN_DIR = Path(__file__).resolve().parent
+FILES = ("task.py", "kernel.py")
+
+
+class SeedError(ValueError):
+    """A seed that cannot be found or breaks the contract; the message is one line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SeedTask:
+    """One problem of a seed's kernel. Subclasses are frozen dataclasses with defaults for every
+    field (the seed's default problem)."""
+
+    # ---- what the kernel is ------------------------------------------------------------------
+    name: ClassVar[str] = ""             # the seed's name (archive, MLflow experiment, registry)
+    description: ClassVar[str] = ""      # one line: what the kernel computes
+    entry: ClassVar[str] = ""            # the kernel module's entry point
+    input_names: ClassVar[tuple[str, ...]] = ()
+    shape_grammar: ClassVar[str] = ""    # what --shape accepts, e.g. "B=1,H=8,N=2048,D=128"
+    distributions: ClassVar[tuple[str, ...]] = ("normal",)
+    # Input sets every candidate is checked on: (distribution, PRNG seed).
+    correctness_inputs: ClassVar[tuple[tuple[str, int], ...]] = (("normal", 0),)
+    # Outside kernels judged beside a run's champion: label -> path relative to the seed directory.
+    peers: ClassVar[dict[str, str]] = {}
+    # More outside kernels that `evolve ablate` shows beside those.
+    ablation_peers: ClassVar[dict[str, str]] = {}
+
+    # ---- to be defined by the seed -----------------------------------------------------------
+    @classmethod
+    def from_options(cls, shape: str | None = None, **options: Any) -> SeedTask:
+        """The task for a ``--shape`` string and options (``dtype``, seed-specific flags); a
+        ValueError saying what is wrong otherwise."""
+        raise NotImplementedError
+
+    @property
+    def key(self) -> str:
+        """A stable name, ``<seed>/<problem>``, for archives and MLflow experiments."""
+        raise NotImplementedError
+
+    def input_specs(self) -> list[tuple[tuple[int, ...], str]]:
+        """(shape, dtype) of each input, in the entry point's positional order."""
+        raise NotImplementedError
+
+    def kernel_kwargs(self) -> dict[str, Any]:
+        """The static keyword arguments the entry point is called with."""
+        return {}
+
+    def make_inputs(self, seed: int, distribution: str) -> tuple[np.ndarray, ...]:
+        raise NotImplementedError
+
+    def reference(self, *inputs: np.ndarray) -> np.ndarray:
+        """The f32 ground truth, in numpy, in the trusted process."""
+        raise NotImplementedError
+
+    def reference_program(self):
+        """The plain XLA program (a jax function of the inputs) speedups are quoted against."""
+        raise NotImplementedError
+
+    @property
+    def flops(self) -> float:
+        raise NotImplementedError
+
+    @property
+    def bytes_moved(self) -> float:
+        raise NotImplementedError
+
+    @property
+    def tolerance(self) -> tuple[float, float]:
+        """(atol, rtol) for the output's dtype."""
+        raise NotImplementedError
+
+    @property
+    def output_dtype(self) -> str:
+        return self.dtype  # type: ignore[attr-defined]  # every seed's task has a dtype field
+
+    # ---- given -------------------------------------------------------------------------------
+    def fields(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def tiling_problem(self, tunables: dict[str, int]) -> str | None:
+        """Why a kernel with these module-level tunables cannot run this problem (one line saying
+        how to fix it), or None."""
+        return None
+
+    def legal_values(self, tunable: str) -> list[int] | None:
+        """Legal values of a module-level tunable of the kernel at this problem, or None if the
+        task does not know the tunable (operators then leave it alone)."""
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Seed:
+    """A seed directory that meets the contract."""
+
+    name: str
+    directory: Path
+    task_class: type[SeedTask]
+    task_source: str                  # task.py's text: trusted children rebuild the task from it
+
+    @property
+    def kernel_path(self) -> Path:
+        return self.directory / "kernel.py"
+
+    @property
+    def kernel_source(self) -> str:
+        return self.kernel_path.read_text()
+
+    @property
+    def description(self) -> str:
+        return self.task_class.description
+
+    def default_task(self) -> SeedTask:
+        return self.task_class()
+
+    def task(self, shape: str | None = None, **options: Any) -> SeedTask:
+        return self.task_class.from_options(shape, **options)
+
+    def peer_paths(self, ablation: bool = False) -> dict[str, Path]:
+        cls = self.task_class
+        peers = {**cls.ablation_peers, **cls.peers} if ablation else cls.peers
+        return {label: (self.directory / rel).resolve() for label, rel in peers.items()}
+
+
+def builtin_seeds() -> list[str]:
+    return sorted(p.name for p in BUILTIN_DIR.iterdir()
+                  if p.is_dir() and not p.name.startswith("_") and (p / "task.py").is_file())
+
+
+def task_source(task: SeedTask) -> str:
+    """The text of the task.py that defines ``task``'s class: trusted children rebuild it from it."""
+    module = sys.modules[type(task).__module__]
+    return getattr(module, "__seed_source__", None) or Path(module.__file__).read_text()
+
+
+def task_from_source(source: str, fields: dict[str, Any]) -> SeedTask:
+    """In a trusted child: the task again, from its task.py's text and its fields."""
+    return task_class_from_source(source, "pallas_evolve_seed_task")(**fields)
+
+
+def task_class_from_source(source: str, module_name: str) -> type[SeedTask]:
+    """Execute a task.py's text as a module and return its ``Task`` (trusted processes only)."""
+    module = type(sys)(module_name)
+    module.__file__ = f"<{module_name}>"
+    module.__seed_source__ = source
+    sys.modules[module_name] = module   # dataclasses look their module up by name
+    exec(compile(source, module.__file__, "exec"), module.__dict__)  # noqa: S102 - the seed's own trusted file
+    cls = getattr(module, "Task", None)
+    if not (isinstance(cls, type) and issubclass(cls, SeedTask)):
+        raise SeedError("its task.py defines no class Task(SeedTask); see the seed contract in the README")
+    return cls
+
+
+def load_seed(name_or_path: str | Path) -> Seed:
+    """A built-in seed by name, or any seed directory by path. SeedError if it breaks the contract."""
+    text = str(name_or_path)
+    if "/" not in text and text not in (".", "..") and (BUILTIN_DIR / text).is_dir():
+        directory = BUILTIN_DIR / text
+    else:
+        directory = Path(text).expanduser()
+        if not directory.is_dir():
+            raise SeedError(f"no seed {text!r}: not a built-in seed ({', '.join(builtin_seeds())}) "
+                            "and not a directory; give a built-in name or a seed directory's path")
+    where = f"seed directory {directory}"
+    missing = [f for f in FILES if not (directory / f).is_file()]
+    if missing:
+        raise SeedError(f"{where} has no {' and no '.join(missing)}; a seed directory holds task.py "
+                        "(the trusted task) and kernel.py (the starting kernel)")
+    source = (directory / "task.py").read_text()
+    try:
+        if directory.resolve().parent == BUILTIN_DIR:   # one class per built-in seed, however reached
+            cls = getattr(importlib.import_module(f"seeds.{directory.name}.task"), "Task", None)
+            if not (isinstance(cls, type) and issubclass(cls, SeedTask)):
+                raise SeedError("its task.py defines no class Task(SeedTask); see the seed contract in the README")
+        else:
+            cls = task_class_from_source(source, f"pallas_evolve_seed_{abs(hash(str(directory.resolve())))}")
+    except SeedError as exc:
+        raise SeedError(f"{where}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - the user's file; say what broke, in one line
+        raise SeedError(f"{where}: task.py fails to import: {type(exc).__name__}: {exc}") from None
+    for attr in ("name", "entry", "input_names", "shape_grammar"):
+        if not getattr(cls, attr):
+            raise SeedError(f"{where}: its Task sets no {attr!r}; see the seed contract in the README")
+    for method in ("from_options", "key", "input_specs", "make_inputs", "reference", "reference_program",
+                   "flops", "bytes_moved", "tolerance"):
+        if getattr(cls, method) is getattr(SeedTask, method):
+            raise SeedError(f"{where}: its Task does not define {method}; see the seed contract in the README")
+    try:
+        cls()
+    except Exception as exc:  # noqa: BLE001
+        raise SeedError(f"{where}: Task() (the default problem) fails: {exc}") from None
+    kernel = (directory / "kernel.py").read_text()
+    if f"def {cls.entry}" not in kernel and f"{cls.entry} =" not in kernel:
+        raise SeedError(f"{where}: kernel.py defines no {cls.entry!r}, the entry point its Task names")
+    return Seed(cls.name, directory.resolve(), cls, source)
