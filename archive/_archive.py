@@ -29,7 +29,8 @@ from . import _fs
 from ._errors import ArchiveError
 from ._schema import conform, empty_table, row_to_result_dict, rows_to_table
 
-DEFAULT_DATA_DIR = Path("evolve_data")
+# The one home of the default data directory; PALLAS_EVOLVE_DATA_DIR overrides it.
+DEFAULT_DATA_DIR = Path(os.environ.get("PALLAS_EVOLVE_DATA_DIR") or "evolve_data")
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _PANDAS_TYPES = {pa.int64(): pd.Int64Dtype(), pa.bool_(): pd.BooleanDtype()}
 _GEN_COLUMNS = ["run_id", "generation", "population_ids", "hall_of_fame_ids", "rng_state", "written_at"]

@@ -16,17 +16,6 @@ class Comparison:
     baseline_abs_error: float | None = None   # the task's own XLA program on the same input
 
 
-def load_output(path: str, dtype: str) -> np.ndarray:
-    import ml_dtypes
-
-    raw = np.load(path, allow_pickle=False)
-    if dtype == "bfloat16":
-        if raw.dtype != np.uint16:
-            raise ValueError(f"output stored as {raw.dtype}, expected bf16 bits")
-        return raw.view(ml_dtypes.bfloat16)
-    return raw
-
-
 def compare(out: np.ndarray, ref: np.ndarray, *, expected_dtype: str, atol: float, rtol: float,
             label: str = "", baseline: np.ndarray | None = None,
             baseline_factor: float = 1.5) -> Comparison:

@@ -38,7 +38,8 @@ import numpy as np
 
 from evaluator import jail, wire
 from evaluator.chips import Chip, get_chip
-from evaluator.compare import compare, load_output
+from evaluator.arrays import load_array, save_array
+from evaluator.compare import compare
 from evaluator.result import EvalResult, Metrics, Provenance, Status
 from evaluator.roofline import roofline
 from evaluator.sandbox import ChildOutcome, Limits, run_child
@@ -268,7 +269,7 @@ class Judge:
                 raise RuntimeError(f"the task's reference program failed: {failure[2]}")
             data = self._stage_data(outcome)
             outputs = data["correctness"]["outputs"]
-            sets = [dataclasses.replace(g, program_out=load_output(str(private / f"out{i}.npy"),
+            sets = [dataclasses.replace(g, program_out=load_array(str(private / f"out{i}.npy"),
                                                                    outputs[i]["dtype"]))
                     for i, g in enumerate(sets)]
             if timing is None:
@@ -335,8 +336,7 @@ class Judge:
             d = directory / f"inputs{i}"
             d.mkdir()
             for name, array in zip(names, arrays, strict=True):
-                stored = array.view(np.uint16) if str(array.dtype) == "bfloat16" else array
-                np.save(d / f"{name}.npy", stored, allow_pickle=False)
+                save_array(d / f"{name}.npy", array)
             dirs.append(str(d))
         return dirs
 
@@ -471,7 +471,7 @@ class Judge:
             worst = (0.0, 0.0, 0.0)
             for i, g in enumerate(truth):
                 try:
-                    out = load_output(str(private / f"out{i}.npy"), outputs[i].get("dtype", ""))
+                    out = load_array(str(private / f"out{i}.npy"), outputs[i].get("dtype", ""))
                 except (OSError, ValueError) as exc:
                     return EvalResult(Status.FAIL_CORRECTNESS, error=f"unreadable output: {exc}",
                                       stage="correctness", metrics=metrics, provenance=prov)

@@ -44,21 +44,15 @@ def _hlo_facts(hlo_text: str) -> dict:
 
 
 def _read_input(directory: str, name: str, dtype: str):
-    import ml_dtypes
-    import numpy as np
+    from evaluator.arrays import load_array
 
-    raw = np.load(f"{directory}/{name}.npy", allow_pickle=False)
-    return raw.view(ml_dtypes.bfloat16) if dtype == "bfloat16" else raw
+    return load_array(f"{directory}/{name}.npy", dtype)
 
 
 def _write_output(path: str, out) -> dict:
-    import numpy as np
+    from evaluator.arrays import save_array
 
-    array = np.asarray(out)
-    dtype = str(array.dtype)
-    stored = array.view(np.uint16) if dtype == "bfloat16" else array
-    np.save(path, np.ascontiguousarray(stored), allow_pickle=False)
-    return {"dtype": dtype, "shape": list(array.shape)}
+    return save_array(path, out)
 
 
 def _load_programs(path: str, specs: list, *, cpu: bool) -> dict:

@@ -10,9 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from archive import DEFAULT_DATA_DIR
 from evolve.errors import UsageError
-
-DEFAULT_DATA_DIR = "evolve_data"
 
 
 def _archive(data_dir: str, *, create: bool = False):
@@ -319,7 +318,8 @@ def cmd_promote(args: argparse.Namespace) -> int:
 
 def add_commands(subparsers) -> None:
     def data_dir(p):
-        p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="where runs are stored (default ./evolve_data)")
+        p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="where runs are stored (default ./evolve_data, or "
+                                                                 "$PALLAS_EVOLVE_DATA_DIR)")
 
     p = subparsers.add_parser("run", help="start an evolution run")
     p.add_argument("--seed", default=None,

@@ -10,7 +10,8 @@ import re
 import sqlite3
 from pathlib import Path
 
-DEFAULT_DATA_DIR = Path("evolve_data")
+from archive import DEFAULT_DATA_DIR  # re-exported: the data directory has one home, the archive
+
 DB_NAME = "mlflow.db"
 ARTIFACTS_DIR = "mlartifacts"
 
