@@ -24,6 +24,7 @@ import dataclasses
 import glob
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -58,6 +59,8 @@ TRACE_REFUSALS = ("host_callback", "unknown_custom_call", "effects", "multi_plat
 ESTIMATE_BLIND_SPOTS = ("data_dependent_loop", "data_dependent_branch", "xla_loop", "xla_branch",
                         "unparsed_kernel")
 _WARNED: set[str] = set()
+# libtpu 0.0.42.1: "Static LLO profiling of <op> failed: INVALID_ARGUMENT: Unsupported DMA direction ..."
+_PROFILER_FAILURE = re.compile(r"(Static LLO profiling of \S+ failed:[^\n]*)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -533,6 +536,12 @@ class Judge:
             return classify_error(stage, kind, message), stage, _first_lines(message)
         stages = [e.get("stage") for e in outcome.events if e.get("event") == "stage"]
         stage = str(stages[-1]) if stages else "start"
+        profiler = _PROFILER_FAILURE.search(outcome.output)
+        if outcome.signal is not None and profiler:
+            # libtpu's static profiler aborts the whole compile on some DMA patterns: the kernel
+            # may be fine, but the estimate has no figure for it (never counted as free).
+            return Status.FAIL_TIMING, stage, (f"the compiler's static profiler cannot estimate this kernel "
+                                               f"({profiler.group(1).strip()[:200]}); time it on a TPU host")
         if outcome.signal is not None:
             name = _signal_name(outcome.signal)
             if outcome.signal == signal.SIGKILL:

@@ -1,0 +1,183 @@
+"""The trusted half of the FlashDecoding seed: decode attention against a long, ragged KV cache.
+
+A few query tokens per sequence (T) attend to that sequence's cache ``k[b], v[b]`` up to its own
+length ``lengths[b]`` (ragged batches). Query heads may share K/V heads (GQA: H a multiple of
+H_KV). Decode is memory-bound: the figure that matters is HBM bandwidth utilisation.
+
+Nothing here is ever taken from a candidate; the judge runs it in trusted processes only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+from seeds import SeedTask
+
+DTYPES = ("bfloat16", "float16", "float32")
+TOLERANCES = {"bfloat16": (2e-2, 2e-2), "float16": (4e-3, 4e-3), "float32": (2e-4, 2e-4)}
+SEQ_TILE = 128
+MAX_KV_BLOCK = 8192
+_SHAPE_KEYS = {"B": "batch", "H": "heads", "HKV": "kv_heads", "N": "kv_len", "D": "head_dim", "T": "q_len"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Task(SeedTask):
+    """One decode problem: q (B, H, T, D); k, v (B, H_KV, N, D); lengths (B,) int32 in 1..N."""
+
+    name = "flash_decoding"
+    description = ("decode attention: T query tokens per sequence against its KV cache up to a "
+                   "per-sequence length (ragged), GQA allowed; memory-bound")
+    entry = "flash_decoding"
+    input_names = ("q", "k", "v", "lengths")
+    shape_grammar = "B=8,H=8,HKV=8,N=32768,D=128,T=1"
+    # ragged: lengths drawn in 1..N with the edge cases 1 and N always present; full: every
+    # sequence uses the whole cache; outliers: ragged, with a few large-magnitude q, k, v entries.
+    distributions = ("ragged", "full", "outliers")
+    correctness_inputs = (("ragged", 0), ("full", 1), ("outliers", 2))
+
+    batch: int = 8
+    heads: int = 8
+    kv_heads: int = 8
+    kv_len: int = 32768
+    head_dim: int = 128
+    q_len: int = 1
+    dtype: str = "bfloat16"
+
+    def __post_init__(self) -> None:
+        for name in ("batch", "heads", "kv_heads", "kv_len", "head_dim", "q_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"H={self.heads} must be a multiple of HKV={self.kv_heads} (GQA groups)")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+
+    @classmethod
+    def from_options(cls, shape: str | None = None, **options: Any) -> Task:
+        unknown = set(options) - {"dtype"}
+        if unknown:
+            raise ValueError(f"flash_decoding takes no option {', '.join(sorted(unknown))}; its only option "
+                             "is dtype")
+        fields: dict[str, Any] = {}
+        for item in filter(None, (p.strip() for p in (shape or "").split(","))):
+            key, sep, value = item.partition("=")
+            key = key.strip().upper()
+            if not sep or key not in _SHAPE_KEYS or not value.strip().isdigit():
+                raise ValueError(f"bad shape item {item!r}: expected KEY=<int> with KEY in "
+                                 f"{', '.join(_SHAPE_KEYS)} (e.g. {cls.shape_grammar})")
+            fields[_SHAPE_KEYS[key]] = int(value)
+        return cls(**fields, **{k: v for k, v in options.items() if v is not None})
+
+    # ---- identity and work ---------------------------------------------------------------------
+    @property
+    def key(self) -> str:
+        return (f"flash_decoding/B{self.batch}-H{self.heads}-HKV{self.kv_heads}-N{self.kv_len}"
+                f"-D{self.head_dim}-T{self.q_len}-{self.dtype}")
+
+    @property
+    def sm_scale(self) -> float:
+        return 1.0 / math.sqrt(self.head_dim)
+
+    @property
+    def itemsize(self) -> int:
+        return 2 if self.dtype in ("bfloat16", "float16") else 4
+
+    @property
+    def flops(self) -> float:
+        """Two matmuls over the whole cache (the useful work when every sequence is full)."""
+        return 4.0 * self.batch * self.heads * self.q_len * self.kv_len * self.head_dim
+
+    @property
+    def bytes_moved(self) -> float:
+        """The cache read once (K and V), q read and the output written once."""
+        cache = 2 * self.batch * self.kv_heads * self.kv_len * self.head_dim
+        return float((cache + 2 * self.batch * self.heads * self.q_len * self.head_dim) * self.itemsize)
+
+    @property
+    def tolerance(self) -> tuple[float, float]:
+        return TOLERANCES[self.dtype]
+
+    # ---- the contract's calls --------------------------------------------------------------------
+    def input_specs(self):
+        cache = ((self.batch, self.kv_heads, self.kv_len, self.head_dim), self.dtype)
+        return [((self.batch, self.heads, self.q_len, self.head_dim), self.dtype), cache, cache,
+                ((self.batch,), "int32")]
+
+    def kernel_kwargs(self) -> dict[str, Any]:
+        return {"sm_scale": self.sm_scale}
+
+    def make_inputs(self, seed: int, distribution: str = "ragged"):
+        import ml_dtypes
+
+        if distribution not in self.distributions:
+            raise ValueError(f"unknown distribution {distribution!r}; use one of {self.distributions}")
+        rng = np.random.default_rng(seed)
+        np_dtype = ml_dtypes.bfloat16 if self.dtype == "bfloat16" else np.dtype(self.dtype)
+        arrays = []
+        for shape, _ in self.input_specs()[:3]:
+            x = rng.standard_normal(shape, dtype=np.float32)
+            if distribution == "outliers":
+                x = np.where(rng.random(shape) < 0.002, x * 30.0, x)
+            arrays.append(x.astype(np_dtype))
+        if distribution == "full":
+            lengths = np.full(self.batch, self.kv_len, np.int32)
+        else:
+            lengths = rng.integers(1, self.kv_len + 1, self.batch).astype(np.int32)
+            lengths[0] = 1                                   # the edge cases, always present
+            lengths[-1] = self.kv_len
+        return (*arrays, lengths)
+
+    def reference(self, q, k, v, lengths):
+        """f32 numpy: softmax over each sequence's first lengths[b] cache entries."""
+        group = self.heads // self.kv_heads
+        q32 = np.asarray(q, np.float32)
+        k32 = np.repeat(np.asarray(k, np.float32), group, axis=1)
+        v32 = np.repeat(np.asarray(v, np.float32), group, axis=1)
+        s = np.einsum("bhtd,bhnd->bhtn", q32, k32) * np.float32(self.sm_scale)
+        valid = np.arange(self.kv_len)[None, :] < np.asarray(lengths)[:, None]      # (B, N)
+        s = np.where(valid[:, None, None, :], s, -np.inf)
+        s = s - s.max(axis=-1, keepdims=True)
+        p = np.exp(s)
+        p /= p.sum(axis=-1, keepdims=True)
+        return np.einsum("bhtn,bhnd->bhtd", p, v32)
+
+    def reference_program(self):
+        """The plain XLA program speedups are quoted against (jnp, f32 softmax)."""
+        import jax
+        import jax.numpy as jnp
+
+        group = self.heads // self.kv_heads
+
+        def decode(q, k, v, lengths):
+            k = jnp.repeat(k, group, axis=1)
+            v = jnp.repeat(v, group, axis=1)
+            s = jnp.einsum("bhtd,bhnd->bhtn", q, k, preferred_element_type=jnp.float32) * self.sm_scale
+            valid = jnp.arange(self.kv_len)[None, :] < lengths[:, None]
+            s = jnp.where(valid[:, None, None, :], s, -jnp.inf)
+            p = jax.nn.softmax(s, axis=-1)
+            return jnp.einsum("bhtn,bhnd->bhtd", p.astype(v.dtype), v,
+                              preferred_element_type=jnp.float32).astype(q.dtype)
+
+        return decode
+
+    # ---- tiling ------------------------------------------------------------------------------------
+    def tiling_problem(self, tunables: dict[str, int]) -> str | None:
+        block = tunables.get("BLOCK_KV")
+        if block and self.kv_len > block and self.kv_len % block:
+            return (f"N={self.kv_len} cannot be tiled by the kernel's BLOCK_KV={block}; "
+                    f"use an N that is a multiple of {block}")
+        if self.kv_len > SEQ_TILE and self.kv_len % SEQ_TILE:
+            return f"N={self.kv_len} is not a multiple of {SEQ_TILE}; use a multiple of {SEQ_TILE}"
+        return None
+
+    def legal_values(self, tunable: str) -> list[int] | None:
+        """KV blocks: multiples of 128 dividing N, up to 8192."""
+        if tunable == "BLOCK_KV":
+            n = self.kv_len
+            return [v for v in range(SEQ_TILE, min(n, MAX_KV_BLOCK) + 1, SEQ_TILE) if n % v == 0]
+        return None
