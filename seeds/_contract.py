@@ -184,7 +184,7 @@ def load_seed(name_or_path: str | Path) -> Seed:
     else:
         directory = Path(text).expanduser()
         if not directory.is_dir():
-            raise SeedError(f"no seed {text!r}: not a built-in seed ({', '.join(builtin_seeds())}) "
+            raise SeedError(f"unknown seed {text!r}: not a built-in seed ({', '.join(builtin_seeds())}) "
                             "and not a directory; give a built-in name or a seed directory's path")
     where = f"seed directory {directory}"
     missing = [f for f in FILES if not (directory / f).is_file()]

@@ -108,7 +108,7 @@ def test_the_cli_refuses_a_broken_seed_with_one_line_and_exit_2(tmp_path):
                               cwd=tmp_path, check=False)
         assert proc.returncode == 2, (argv, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-        assert "task.py" in proc.stderr or "no seed 'no_such_seed'" in proc.stderr
+        assert "task.py" in proc.stderr or "unknown seed 'no_such_seed'" in proc.stderr
     assert not (tmp_path / "data" / "archive").exists()
 
 
