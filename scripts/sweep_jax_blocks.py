@@ -71,8 +71,9 @@ def main() -> int:
     full = judge.evaluate(TEMPLATE.format(bq=best[1][0], bkm=best[1][1], bk=best[1][2]), task)
     print(f"\nbest: block_q={best[1][0]} block_k_major={best[1][1]} block_k={best[1][2]}: {best[0]:,} cycles; "
           f"judged in full: {full.status.value} {full.metrics.estimated_cycles} cycles, "
-          f"{full.metrics.speedup_vs_reference or 0:.3f}x the XLA reference "
-          f"({(time.monotonic() - t0) / 60:.1f} min)")
+          + (f"{full.metrics.speedup_vs_reference:.3f}x the XLA reference " if full.metrics.speedup_vs_reference
+             else f"no speedup ({full.error or 'the reference has no figure'}) ")
+          + f"({(time.monotonic() - t0) / 60:.1f} min)")
     return 0
 
 
