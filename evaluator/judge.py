@@ -59,6 +59,8 @@ TRACE_REFUSALS = ("host_callback", "unknown_custom_call", "effects", "multi_plat
 ESTIMATE_BLIND_SPOTS = ("data_dependent_loop", "data_dependent_branch", "xla_loop", "xla_branch",
                         "unparsed_kernel")
 _WARNED: set[str] = set()
+# "auto": measured on a TPU host, else the compiler estimate.
+TIMING_CHOICES = ("auto", "compiler_estimate", "measured")
 # libtpu 0.0.42.1: "Static LLO profiling of <op> failed: INVALID_ARGUMENT: Unsupported DMA direction ..."
 _PROFILER_FAILURE = re.compile(r"(Static LLO profiling of \S+ failed:[^\n]*)")
 
@@ -95,7 +97,7 @@ class JudgeConfig:
 
     def __post_init__(self) -> None:
         get_chip(self.chip)
-        if self.timing not in ("auto", "compiler_estimate", "measured"):
+        if self.timing not in TIMING_CHOICES:
             raise ValueError(f"unknown timing source {self.timing!r}; "
                              "use auto, compiler_estimate or measured")
         if self.workers < 1:

@@ -13,7 +13,6 @@ from evaluator.result import EvalResult
 from mutations import Edit, all_operators, replay
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Entry:
     label: str
@@ -114,7 +113,7 @@ def drop_what_does_not_pay(judge: Judge, seed_source: str, task, best: Entry) ->
     while best.result is not None and best.result.ok:
         variants = []
         for i, edit in enumerate(best.edits):
-            if edit.op in ("block_sizes",):
+            if edit.op == "block_sizes":
                 continue
             source, kept = _replay_all(seed_source, [*best.edits[:i], *best.edits[i + 1:]], task)
             if source != best.source and source not in {v.source for _, v in variants}:

@@ -268,7 +268,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
     from evaluator.judge import Judge, JudgeConfig
     from evolve.config import RunConfig
     from evolve.run import lineage_rows
-    from mlflow_runs import champion_header, ensure_store, individual_run, register_champion, with_docstring
+    from mlflow_runs import champion_header, ensure_store, individual_run, register_champion, run_link, with_docstring
     from mutations import read_tunables
 
     archive = _archive(args.data_dir)
@@ -305,7 +305,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
                   "jax_version": p.jax_version, "latency_s": m.latency_s, "estimated_cycles": m.estimated_cycles,
                   "speedup_vs_reference": m.speedup_vs_reference, "max_abs_error": m.max_abs_error}
     description = "```\n" + header + "\n```" + (
-        f"\n\nThe individual's run, with its lineage: [{champion_id}](#/experiments/{found[0]}/runs/{found[1]})"
+        f"\n\nThe individual's run, with its lineage: {run_link(found[0], found[1], champion_id)}"
         if found else "")
     # The input example: the smallest q, k, v it accepts (blocks larger than N are cut to N).
     example = (1, tunables.get("HEADS_PER_PROGRAM", 1), min(task.seq_len, 128), task.head_dim)

@@ -98,13 +98,14 @@ class JudgeSettings:
 
     def __post_init__(self) -> None:
         from evaluator.chips import CHIPS
+        from evaluator.judge import TIMING_CHOICES
 
         if self.chip not in CHIPS:
             raise UsageError(f"unknown chip {self.chip!r}; use --chip with one of: {', '.join(CHIPS)}")
         if self.workers < 0:
             raise UsageError(f"workers must be 0 (one per core) or more, got {self.workers}")
-        if self.timing not in ("auto", "compiler_estimate", "measured"):
-            raise UsageError(f"unknown timing source {self.timing!r}; use auto, compiler_estimate or measured")
+        if self.timing not in TIMING_CHOICES:
+            raise UsageError(f"unknown timing source {self.timing!r}; use one of: {', '.join(TIMING_CHOICES)}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,7 +32,6 @@ from mlflow_runs import Tracker, ensure_store
 from mutations import read_tunables
 
 
-
 def new_run_id() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
 

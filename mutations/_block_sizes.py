@@ -30,10 +30,9 @@ class BlockSizes(Operator):
         ints = module_ints(module)
         out = {}
         for name in _tunables(module, task):
-            if name in ints:
-                values = [v for v in legal_values(name, task) if v != ints[name]]
-                if values:
-                    out[name] = values
+            values = [v for v in legal_values(name, task) if v != ints[name]]
+            if values:
+                out[name] = values
         return out
 
     def _check(self, module, task) -> Applicability:

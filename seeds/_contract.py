@@ -114,6 +114,34 @@ class SeedTask:
         return None
 
 
+def parse_shape(text: str, keys: dict[str, str], example: str) -> dict[str, int]:
+    """Parse a ``--shape`` string such as ``B=1,H=8`` (any subset of ``keys``, which map the
+    grammar's names to the task's fields) into task keyword arguments; a one-line ValueError."""
+    out: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in (text or "").split(","))):
+        key, sep, value = part.partition("=")
+        key = key.strip().upper()
+        if not sep or key not in keys:
+            raise ValueError(f"bad shape item {part!r}: expected KEY=VALUE with KEY in {', '.join(keys)} "
+                             f"(e.g. {example})")
+        try:
+            number = int(value)
+        except ValueError:
+            raise ValueError(f"bad shape item {part!r}: {value!r} is not an integer") from None
+        if number <= 0:
+            raise ValueError(f"bad shape item {part!r}: {key} must be positive")
+        out[keys[key]] = number
+    return out
+
+
+def check_positive_ints(task: SeedTask, names: tuple[str, ...]) -> None:
+    """For a task's ``__post_init__``: each named field a positive int (a bool is not one)."""
+    for name in names:
+        value = getattr(task, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class Seed:
     """A seed directory that meets the contract."""
@@ -121,7 +149,6 @@ class Seed:
     name: str
     directory: Path
     task_class: type[SeedTask]
-    task_source: str                  # task.py's text: trusted children rebuild the task from it
 
     @property
     def kernel_path(self) -> Path:
@@ -155,7 +182,9 @@ def builtin_seeds() -> list[str]:
 def task_source(task: SeedTask) -> str:
     """The text of the task.py that defines ``task``'s class: trusted children rebuild it from it."""
     module = sys.modules[type(task).__module__]
-    return getattr(module, "__seed_source__", None) or Path(module.__file__).read_text()
+    if getattr(module, "__seed_source__", None) is None:    # a built-in, imported: read its file once
+        module.__seed_source__ = Path(module.__file__).read_text()
+    return module.__seed_source__
 
 
 def task_from_source(source: str, fields: dict[str, Any]) -> SeedTask:
@@ -170,10 +199,18 @@ def task_class_from_source(source: str, module_name: str) -> type[SeedTask]:
     module.__seed_source__ = source
     sys.modules[module_name] = module   # dataclasses look their module up by name
     exec(compile(source, module.__file__, "exec"), module.__dict__)  # noqa: S102 - the seed's own trusted file
+    return _task_class(module)
+
+
+def _task_class(module) -> type[SeedTask]:
     cls = getattr(module, "Task", None)
     if not (isinstance(cls, type) and issubclass(cls, SeedTask)):
         raise SeedError("its task.py defines no class Task(SeedTask); see the seed contract in the README")
     return cls
+
+
+# One class per seed directory and task.py text: loading a seed again does not execute it again.
+_PATH_CLASSES: dict[tuple[str, str], type[SeedTask]] = {}
 
 
 def load_seed(name_or_path: str | Path) -> Seed:
@@ -191,14 +228,15 @@ def load_seed(name_or_path: str | Path) -> Seed:
     if missing:
         raise SeedError(f"{where} has no {' and no '.join(missing)}; a seed directory holds task.py "
                         "(the trusted task) and kernel.py (the starting kernel)")
-    source = (directory / "task.py").read_text()
+    resolved = directory.resolve()
     try:
-        if directory.resolve().parent == BUILTIN_DIR:   # one class per built-in seed, however reached
-            cls = getattr(importlib.import_module(f"seeds.{directory.name}.task"), "Task", None)
-            if not (isinstance(cls, type) and issubclass(cls, SeedTask)):
-                raise SeedError("its task.py defines no class Task(SeedTask); see the seed contract in the README")
+        if resolved.parent == BUILTIN_DIR:   # one class per built-in seed, however reached
+            cls = _task_class(importlib.import_module(f"seeds.{directory.name}.task"))
         else:
-            cls = task_class_from_source(source, f"pallas_evolve_seed_{abs(hash(str(directory.resolve())))}")
+            key = (str(resolved), (directory / "task.py").read_text())
+            if key not in _PATH_CLASSES:
+                _PATH_CLASSES[key] = task_class_from_source(key[1], f"pallas_evolve_seed_{abs(hash(key[0]))}")
+            cls = _PATH_CLASSES[key]
     except SeedError as exc:
         raise SeedError(f"{where}: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - the user's file; say what broke, in one line
@@ -217,4 +255,4 @@ def load_seed(name_or_path: str | Path) -> Seed:
     kernel = (directory / "kernel.py").read_text()
     if f"def {cls.entry}" not in kernel and f"{cls.entry} =" not in kernel:
         raise SeedError(f"{where}: kernel.py defines no {cls.entry!r}, the entry point its Task names")
-    return Seed(cls.name, directory.resolve(), cls, source)
+    return Seed(cls.name, resolved, cls)

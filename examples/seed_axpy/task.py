@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from seeds import SeedTask
+from seeds import SeedTask, parse_shape
 
 TOLERANCES = {"float32": (1e-5, 1e-5), "bfloat16": (2e-2, 2e-2)}
 
@@ -41,13 +41,7 @@ class Task(SeedTask):
         unknown = set(options) - {"dtype"}
         if unknown:
             raise ValueError(f"axpy takes no option {', '.join(sorted(unknown))}; its only option is dtype")
-        fields: dict[str, Any] = {}
-        for item in filter(None, (shape or "").split(",")):
-            key, _, value = item.partition("=")
-            if key.strip() not in ("M", "N") or not value.strip().isdigit():
-                raise ValueError(f"bad shape item {item!r}: expected M=<int> or N=<int>")
-            fields["rows" if key.strip() == "M" else "cols"] = int(value)
-        return cls(**fields, **options)
+        return cls(**parse_shape(shape, {"M": "rows", "N": "cols"}, cls.shape_grammar), **options)
 
     @property
     def key(self) -> str:

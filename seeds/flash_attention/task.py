@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from seeds._contract import SeedTask
+from seeds._contract import SeedTask, check_positive_ints
+from seeds._contract import parse_shape as _parse_shape
 
 DTYPES = ("bfloat16", "float16", "float32")
 DISTRIBUTIONS = ("normal", "outliers")
@@ -39,6 +40,8 @@ class Task(SeedTask):
     input_names = ("q", "k", "v")
     shape_grammar = "B=1,H=8,N=2048,D=128"
     distributions = DISTRIBUTIONS
+    # Inputs every candidate is checked on: several PRNG seeds and both distributions.
+    correctness_inputs = (("normal", 0), ("normal", 1), ("outliers", 2))
     peers = {"JAX flash_attention (tuned blocks)": "../../examples/jax_flash_attention_tuned.py"}
     ablation_peers = {"JAX flash_attention (default blocks)": "../../examples/jax_flash_attention.py"}
 
@@ -50,10 +53,7 @@ class Task(SeedTask):
     dtype: str = "bfloat16"
 
     def __post_init__(self) -> None:
-        for name in ("batch", "heads", "seq_len", "head_dim"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_positive_ints(self, ("batch", "heads", "seq_len", "head_dim"))
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
 
@@ -146,22 +146,8 @@ AttentionTask = Task   # the name the rest of this seed's code and its tests use
 
 def parse_shape(text: str) -> dict[str, int]:
     """Parse ``B=1,H=8,N=2048,D=128`` (any subset) into task keyword arguments."""
-    names = {"B": "batch", "H": "heads", "N": "seq_len", "D": "head_dim"}
-    out: dict[str, int] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        key, sep, value = part.partition("=")
-        key = key.strip().upper()
-        if not sep or key not in names:
-            raise ValueError(f"bad shape item {part!r}: expected KEY=VALUE with KEY in B, H, N, D "
-                             "(e.g. B=1,H=8,N=2048,D=128)")
-        try:
-            number = int(value)
-        except ValueError:
-            raise ValueError(f"bad shape item {part!r}: {value!r} is not an integer") from None
-        if number <= 0:
-            raise ValueError(f"bad shape item {part!r}: {key} must be positive")
-        out[names[key]] = number
-    return out
+    return _parse_shape(text, {"B": "batch", "H": "heads", "N": "seq_len", "D": "head_dim"},
+                        Task.shape_grammar)
 
 
 # ---- inputs -------------------------------------------------------------------------------
@@ -187,9 +173,6 @@ def make_inputs(task: AttentionTask, seed: int, distribution: str = "normal"):
     return tuple(a.astype(np_dtype) for a in arrays)
 
 
-# Inputs every candidate is checked on: several PRNG seeds and both distributions.
-CORRECTNESS_INPUTS = (("normal", 0), ("normal", 1), ("outliers", 2))
-Task.correctness_inputs = CORRECTNESS_INPUTS
 
 
 # ---- references ------------------------------------------------------------------------------

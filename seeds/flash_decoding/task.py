@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from seeds import SeedTask
+from seeds import SeedTask, check_positive_ints, parse_shape
 
 DTYPES = ("bfloat16", "float16", "float32")
 TOLERANCES = {"bfloat16": (2e-2, 2e-2), "float16": (4e-3, 4e-3), "float32": (2e-4, 2e-4)}
@@ -48,10 +48,7 @@ class Task(SeedTask):
     dtype: str = "bfloat16"
 
     def __post_init__(self) -> None:
-        for name in ("batch", "heads", "kv_heads", "kv_len", "head_dim", "q_len"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_positive_ints(self, ("batch", "heads", "kv_heads", "kv_len", "head_dim", "q_len"))
         if self.heads % self.kv_heads:
             raise ValueError(f"H={self.heads} must be a multiple of HKV={self.kv_heads} (GQA groups)")
         if self.dtype not in DTYPES:
@@ -63,14 +60,7 @@ class Task(SeedTask):
         if unknown:
             raise ValueError(f"flash_decoding takes no option {', '.join(sorted(unknown))}; its only option "
                              "is dtype")
-        fields: dict[str, Any] = {}
-        for item in filter(None, (p.strip() for p in (shape or "").split(","))):
-            key, sep, value = item.partition("=")
-            key = key.strip().upper()
-            if not sep or key not in _SHAPE_KEYS or not value.strip().isdigit():
-                raise ValueError(f"bad shape item {item!r}: expected KEY=<int> with KEY in "
-                                 f"{', '.join(_SHAPE_KEYS)} (e.g. {cls.shape_grammar})")
-            fields[_SHAPE_KEYS[key]] = int(value)
+        fields = parse_shape(shape, _SHAPE_KEYS, cls.shape_grammar)
         return cls(**fields, **{k: v for k, v in options.items() if v is not None})
 
     # ---- identity and work ---------------------------------------------------------------------

@@ -73,6 +73,8 @@ def test_builtin_seeds_are_one_class_however_reached():
 
     assert load_seed("flash_attention").task_class is AttentionTask
     assert load_seed(str(ROOT / "seeds" / "flash_attention")).task_class is AttentionTask
+    # A seed directory's task.py is executed once, however often the seed is loaded.
+    assert load_seed(str(EXAMPLE)).task_class is load_seed(str(EXAMPLE)).task_class
 
 
 @pytest.mark.parametrize("break_it, message", [
