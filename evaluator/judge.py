@@ -196,7 +196,7 @@ class Judge:
     # ---- provenance --------------------------------------------------------------------------
     def provenance(self) -> Provenance:
         v = versions()
-        return Provenance(timing_source=self.timing.name, chip=self.chip.name,
+        return Provenance(timing_source=self.timing.label or self.timing.name, chip=self.chip.name,
                           jax_version=v["jax_version"], jaxlib_version=v["jaxlib_version"],
                           libtpu_version=v["libtpu_version"])
 
@@ -287,7 +287,8 @@ class Judge:
         return sets
 
     def _reference_key(self, task: SeedTask) -> str:
-        return f"{task.key}|{self.chip.name}|{self.timing.name}|libtpu={versions()['libtpu_version']}"
+        source = self.timing.label or self.timing.name
+        return f"{task.key}|{self.chip.name}|{source}|libtpu={versions()['libtpu_version']}"
 
     def reference_timing(self, task: SeedTask) -> Timing:
         """The task's plain XLA program, compiled for the same chip, timed by the same source."""

@@ -55,6 +55,7 @@ not flagged: the estimate's DMA and load costs do not depend on where the data i
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import json
 import re
@@ -198,27 +199,44 @@ def _audit_outer(serialized: bytes, platform: str) -> list[Finding]:
 def _audit_kernel(kernel: str, config: str | None) -> list[Finding]:
     where = f"kernel '{kernel}' (Mosaic)"
     try:
+        with mosaic_module(config) as module:
+            return _KernelScan(where).scan(module)
+    except KernelUnreadable as exc:
+        return [Finding("unparsed_kernel", where, f"its Mosaic body {exc}")]
+    except Exception as exc:  # noqa: BLE001 - an unreadable kernel is a finding, not a crash
+        return [Finding("unparsed_kernel", where, f"its Mosaic body could not be parsed: {_one_line(exc)}")]
+
+
+class KernelUnreadable(Exception):
+    """A ``tpu_custom_call``'s Mosaic body could not be decoded or parsed."""
+
+
+@contextlib.contextmanager
+def mosaic_module(config: str | None):
+    """The Mosaic module of a ``tpu_custom_call``'s backend_config, parsed into the real dialects
+    (valid inside the ``with``: MLIR objects live as long as their context)."""
+    try:
         if config is None:
             raise ValueError("no string backend_config")
         body = base64.b64decode(json.loads(config)["custom_call_config"]["body"], validate=True)
     except (ValueError, KeyError, TypeError) as exc:
-        return [Finding("unparsed_kernel", where, f"its Mosaic body could not be decoded: {_one_line(exc)}")]
-    try:
-        from jax._src.interpreters import mlir
-        from jax._src.lib import tpu
-        from jaxlib.mlir import ir
-        from jaxlib.mlir.passmanager import PassManager
+        raise KernelUnreadable(f"could not be decoded: {_one_line(exc)}") from None
+    from jax._src.interpreters import mlir
+    from jax._src.lib import tpu
+    from jaxlib.mlir import ir
+    from jaxlib.mlir.passmanager import PassManager
 
-        ctx = mlir.make_ir_context()
-        tpu.register_dialect(ctx)
-        with ctx, ir.Location.unknown():
-            ctx.allow_unregistered_dialects = True   # the serialized form is versioned generic ops
+    ctx = mlir.make_ir_context()
+    tpu.register_dialect(ctx)
+    with ctx, ir.Location.unknown():
+        ctx.allow_unregistered_dialects = True   # the serialized form is versioned generic ops
+        try:
             module = ir.Module.parse(body)
             # Upgrade the versioned "stable_mosaic.*" form to the real dialects, as libtpu does.
             PassManager.parse("builtin.module(mosaic-serde{serialize=false})").run(module.operation)
-            return _KernelScan(where).scan(module)
-    except Exception as exc:  # noqa: BLE001 - an unreadable kernel is a finding, not a crash
-        return [Finding("unparsed_kernel", where, f"its Mosaic body could not be parsed: {_one_line(exc)}")]
+        except Exception as exc:  # noqa: BLE001
+            raise KernelUnreadable(f"could not be parsed: {_one_line(exc)}") from None
+        yield module
 
 
 _FILE_LOC = re.compile(r'"(?:[^"\n]*/)?([\w.\-]{1,80})":(\d{1,7}):')

@@ -43,6 +43,25 @@ def _hlo_facts(hlo_text: str) -> dict:
             "custom_calls": hlo_text.count("tpu_custom_call")}
 
 
+def _hbm_facts(compiled, exported, timing_input: str | None, names: list, specs: list) -> dict:
+    """Bytes the program moves through HBM: XLA's cost analysis for its own ops, the trusted
+    traffic model for Pallas kernels (index maps evaluated on the timing input's values)."""
+    from evaluator.hbm_traffic import Traffic, program_traffic
+
+    try:
+        analysis = compiled.cost_analysis()
+        analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
+        xla_bytes = int(float(analysis.get("bytes accessed", 0.0)))
+    except Exception:  # noqa: BLE001 - no analysis: the kernels' traffic alone
+        xla_bytes = 0
+    value = None if timing_input is None else (
+        lambda i: _read_input(timing_input, names[i], specs[i][1]))
+    traffic = program_traffic(exported, value) if exported is not None else Traffic()
+    return {"hbm_bytes": xla_bytes + traffic.kernel_bytes,
+            "hbm_kernel_bytes": traffic.kernel_bytes,
+            "hbm_notes": list(traffic.notes), "hbm_blind": traffic.blind}
+
+
 def _read_input(directory: str, name: str, dtype: str):
     from evaluator.arrays import load_array
 
@@ -127,6 +146,9 @@ def main(request_path: str) -> int:
             compiled = jax.jit(tpu_fn).lower(*args).compile()
             facts = _hlo_facts(compiled.as_text())
             facts["compile_time_s"] = time.perf_counter() - t0
+            facts |= _hbm_facts(compiled, None if req["mode"] == "reference" else programs["tpu"],
+                                req["inputs"][0] if req["inputs"] else None, names, specs)
+            facts["trusted"] = req["mode"] == "reference"   # the task's own XLA program
             reporter.send(event="stage_ok", stage=stage, data=facts)
 
             prune = req.get("prune")

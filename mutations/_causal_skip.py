@@ -137,7 +137,7 @@ class CausalSkip(Operator):
         helper = C.stmts(_KV_INDEX)[0].with_changes(leading_lines=[cst.EmptyLine(indent=False)])
         body[at] = body[at].with_changes(leading_lines=[cst.EmptyLine(indent=False), *body[at].leading_lines])
         body.insert(at, helper)
-        module = C.replace_function(module, C.WRAPPER_NAME,
+        module = C.replace_wrapper(module,
                                     wrapper.with_changes(body=wrapper.body.with_changes(body=body)))
         for _ in range(2):
             spec = _kv_specs(module)[0]

@@ -210,7 +210,7 @@ class HeadCoarsening(Operator):
         helpers[0] = helpers[0].with_changes(leading_lines=wrapper.leading_lines)
         body = list(module.body)
         at = next(k for k, s in enumerate(body) if isinstance(s, cst.FunctionDef)
-                  and s.name.value == C.WRAPPER_NAME)
+                  and s.name.value == wrapper.name.value)
         module = module.with_changes(body=body[:at] + helpers + body[at:])
 
         # Wrapper: the tunable, the check and layout change, the grid, the block specs, the
@@ -285,4 +285,4 @@ class HeadCoarsening(Operator):
 
         kernel_name = fn.name.value
         wrapper = wrapper.with_changes(body=C.transform(wrapper.body, widen))
-        return C.replace_function(module, C.WRAPPER_NAME, wrapper)
+        return C.replace_wrapper(module, wrapper)

@@ -10,13 +10,16 @@ from ._compact_scratch import CompactScratch
 from ._deferred_norm import DeferredNormalisation
 from ._diagonal_strips import DiagonalStrips
 from ._exp2_softmax import Exp2Softmax
+from ._grouped_heads import GroupedHeads
 from ._head_coarsening import HeadCoarsening
+from ._length_skip import LengthSkip
 from ._vmem_limit import VmemLimit
 
 _OPERATORS: dict[str, Operator] = {
     op.name: op
     for op in (BlockSizes(), CompactScratch(), DeferredNormalisation(), CausalSkip(),
-               HeadCoarsening(), VmemLimit(), Exp2Softmax(), DiagonalStrips(), ApproxReciprocal())
+               HeadCoarsening(), VmemLimit(), Exp2Softmax(), DiagonalStrips(), ApproxReciprocal(),
+               LengthSkip(), GroupedHeads())
 }
 
 

@@ -18,6 +18,12 @@ class Timing:
     ci_s: tuple[float, float] | None = None
     cycles: int | None = None
     error: str = ""
+    # compiler_estimate: the estimate's own cycles, and the cycles the program's HBM traffic
+    # needs at the chip's bandwidth; ``cycles`` is the larger (see evaluator/hbm_traffic.py).
+    compute_cycles: int | None = None
+    hbm_cycles: int | None = None
+    hbm_bytes: int | None = None
+    note: str = ""                  # how the figure was made, where that is not the usual way
 
 
 class TimingSource(abc.ABC):
@@ -25,6 +31,9 @@ class TimingSource(abc.ABC):
 
     name: str = ""
     description: str = ""
+    # What a figure from this source is called in provenance and the archive: it changes when the
+    # way figures are made changes, so that old and new figures are never compared.
+    label: str = ""
 
     def worker_env(self, scratch: Path) -> dict[str, str]:
         """Environment the worker needs (set before libtpu loads)."""

@@ -78,14 +78,22 @@ class Task(SeedTask):
         return 2 if self.dtype in ("bfloat16", "float16") else 4
 
     @property
+    def timing_lengths(self) -> np.ndarray:
+        """The cache lengths of the judge's timing input (its first correctness input): the
+        useful work and the unavoidable bytes below are those of the problem the figure is of."""
+        distribution, seed = self.correctness_inputs[0]
+        return self.lengths(seed, distribution)
+
+    @property
     def flops(self) -> float:
-        """Two matmuls over the whole cache (the useful work when every sequence is full)."""
-        return 4.0 * self.batch * self.heads * self.q_len * self.kv_len * self.head_dim
+        """Two matmuls over each sequence's valid cache entries, for the timing input."""
+        return 4.0 * self.heads * self.q_len * self.head_dim * float(self.timing_lengths.sum())
 
     @property
     def bytes_moved(self) -> float:
-        """The cache read once (K and V), q read and the output written once."""
-        cache = 2 * self.batch * self.kv_heads * self.kv_len * self.head_dim
+        """Each sequence's valid cache entries read once (K and V), q read and the output written
+        once, for the timing input. Blocks past a sequence's length are avoidable."""
+        cache = 2 * self.kv_heads * self.head_dim * int(self.timing_lengths.sum())
         return float((cache + 2 * self.batch * self.heads * self.q_len * self.head_dim) * self.itemsize)
 
     @property
@@ -114,13 +122,17 @@ class Task(SeedTask):
             if distribution == "outliers":
                 x = np.where(rng.random(shape) < 0.002, x * 30.0, x)
             arrays.append(x.astype(np_dtype))
+        return (*arrays, self.lengths(seed, distribution))
+
+    def lengths(self, seed: int, distribution: str = "ragged") -> np.ndarray:
+        """The per-sequence cache lengths of input (``distribution``, ``seed``), from their own
+        random stream (cheap to recompute without the cache)."""
         if distribution == "full":
-            lengths = np.full(self.batch, self.kv_len, np.int32)
-        else:
-            lengths = rng.integers(1, self.kv_len + 1, self.batch).astype(np.int32)
-            lengths[0] = 1                                   # the edge cases, always present
-            lengths[-1] = self.kv_len
-        return (*arrays, lengths)
+            return np.full(self.batch, self.kv_len, np.int32)
+        lengths = np.random.default_rng([seed, 1]).integers(1, self.kv_len + 1, self.batch).astype(np.int32)
+        lengths[0] = 1                                       # the edge cases, always present
+        lengths[-1] = self.kv_len
+        return lengths
 
     def reference(self, q, k, v, lengths):
         """f32 numpy: softmax over each sequence's first lengths[b] cache entries."""

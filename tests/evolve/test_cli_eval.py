@@ -25,13 +25,13 @@ def test_eval_json_has_the_promised_keys():
     for key in ("status", "error", "latency_s", "speedup_vs_reference", "timing_source", "chip",
                 "vmem_bytes", "max_abs_error", "tflops", "mxu_util"):
         assert key in out
-    assert out["status"] == "PASS" and out["timing_source"] == "compiler_estimate"
+    assert out["status"] == "PASS" and out["timing_source"] == "compiler_estimate+hbm"
 
 
 def test_eval_table_names_its_timing_source():
     r = evolve("eval", str(SEED), "--shape", "H=1,N=256", "--no-causal", "--chip", "v6e")
     assert r.returncode == 0, r.stderr
-    assert "compiler_estimate (chip v6e, libtpu" in r.stdout
+    assert "compiler_estimate+hbm (chip v6e, libtpu" in r.stdout
     assert "speedup vs reference" in r.stdout
 
 

@@ -39,7 +39,7 @@ def test_the_naive_decode_kernel_passes_and_is_memory_bound(verdicts):
     r = verdicts["naive"]
     assert r.status == Status.PASS, r.error
     assert r.metrics.regime == "memory-bound" and 0 < r.metrics.hbm_util < 1
-    assert r.provenance.timing_source == "compiler_estimate"
+    assert r.provenance.timing_source == "compiler_estimate+hbm"
 
 
 def test_a_block_sizes_mutant_of_the_decode_kernel_passes(verdicts):
