@@ -36,6 +36,8 @@ class Exp2Softmax(Operator):
         region = self._regions(fn)
         if C.find_all(fn, lambda n: C.is_call(n, "jnp.exp2")):
             return Applicability(False, "the kernel already uses jnp.exp2")
+        if "kv_splits" in C.names_in(C.wrapper(module)):
+            return Applicability(False, "split-KV's combine already reads the kernel's maxima in natural-log units")
         if len(C.find_all(region, _is_scale)) != 1:
             return Applicability(False, "no single 's = s * sm_scale' logit scaling in the compute")
         if not C.find_all(region, lambda n: C.is_call(n, "jnp.exp")):

@@ -13,13 +13,14 @@ from ._exp2_softmax import Exp2Softmax
 from ._grouped_heads import GroupedHeads
 from ._head_coarsening import HeadCoarsening
 from ._length_skip import LengthSkip
+from ._split_kv import SplitKV
 from ._vmem_limit import VmemLimit
 
 _OPERATORS: dict[str, Operator] = {
     op.name: op
     for op in (BlockSizes(), CompactScratch(), DeferredNormalisation(), CausalSkip(),
                HeadCoarsening(), VmemLimit(), Exp2Softmax(), DiagonalStrips(), ApproxReciprocal(),
-               LengthSkip(), GroupedHeads())
+               LengthSkip(), GroupedHeads(), SplitKV())
 }
 
 

@@ -21,6 +21,7 @@ DTYPES = ("bfloat16", "float16", "float32")
 TOLERANCES = {"bfloat16": (2e-2, 2e-2), "float16": (4e-3, 4e-3), "float32": (2e-4, 2e-4)}
 SEQ_TILE = 128
 MAX_KV_BLOCK = 8192
+KV_SPLITS = (1, 2, 4, 8, 16)
 _SHAPE_KEYS = {"B": "batch", "H": "heads", "HKV": "kv_heads", "N": "kv_len", "D": "head_dim", "T": "q_len"}
 
 
@@ -178,8 +179,10 @@ class Task(SeedTask):
         return None
 
     def legal_values(self, tunable: str) -> list[int] | None:
-        """KV blocks: multiples of 128 dividing N, up to 8192."""
+        """KV blocks: multiples of 128 dividing N, up to 8192; KV splits: 1 to 16."""
         if tunable == "BLOCK_KV":
             n = self.kv_len
             return [v for v in range(SEQ_TILE, min(n, MAX_KV_BLOCK) + 1, SEQ_TILE) if n % v == 0]
+        if tunable == "KV_SPLITS":     # split-KV: the kernel uses gcd(KV_SPLITS, its kv blocks)
+            return list(KV_SPLITS)
         return None
