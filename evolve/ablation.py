@@ -5,6 +5,8 @@ by side in one run, one timing source."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import math
 import random
 from pathlib import Path
 
@@ -37,6 +39,7 @@ def variants(op, source: str, task, tries: int = 60, limit: int = 12) -> list[tu
 _KNOBS = ("block_sizes", "head_coarsening", "vmem_limit", "diagonal_strips")
 # The grid of the knobs that interact (all with every parameterless operator applied).
 GRID_BLOCKS = ((512, 512), (1024, 1024), (2048, 2048), (1024, 2048), (2048, 1024))
+GRID_LARGEST = 3       # other seeds: the grid tries each block-size tunable's 3 largest legal values
 GRID_PRUNE = 1.25      # grid kernels estimated over this x the best so far end PRUNED
 
 
@@ -66,27 +69,42 @@ def _replay_all(seed_source: str, edits: list[Edit], task) -> tuple[str, tuple[E
     return source, tuple(kept)
 
 
+def _block_choices(seed_source: str, task) -> list[tuple[tuple[str, int], ...]]:
+    """The block sizes the grid tries, largest first: for a seed with BLOCK_Q and BLOCK_KV the
+    pairs of GRID_BLOCKS that are legal; for any other seed, the largest few legal values of each
+    block-size tunable its kernel has (the task says which values are legal)."""
+    from mutations import legal_values, read_tunables
+
+    legal = {name: legal_values(name, task) for name in read_tunables(seed_source)
+             if name.startswith("BLOCK_") and legal_values(name, task)}
+    if {"BLOCK_Q", "BLOCK_KV"} <= set(legal):
+        q_ok, kv_ok = set(legal["BLOCK_Q"]), set(legal["BLOCK_KV"])
+        pairs = [(q, kv) for q, kv in GRID_BLOCKS if q in q_ok and kv in kv_ok] or [(max(q_ok), max(kv_ok))]
+        return [(("BLOCK_Q", q), ("BLOCK_KV", kv)) for q, kv in sorted(pairs, key=lambda p: -p[0] * p[1])]
+    choices = [[(name, v) for v in sorted(values)[-GRID_LARGEST:]] for name, values in sorted(legal.items())]
+    return sorted(itertools.product(*choices), key=lambda c: -math.prod(v for _, v in c))
+
+
 def _grid(judge: Judge, seed_source: str, task, singles: dict[str, list[Entry]], best_cycles: int | None
           ) -> tuple[Entry | None, int]:
-    """Every parameterless operator, over blocks x heads per program x diagonal strips, judged
+    """Every other operator at its best, over blocks x heads per program x diagonal strips, judged
     best-looking first in batches; kernels over GRID_PRUNE x the best PASS so far are PRUNED."""
-    from mutations import legal_values
-
-    fixed = [e.edits[-1] for name, group in singles.items() if name not in _KNOBS for e in group[:1]]
+    # Each other operator at its best passing parameters (an operator none of whose variants
+    # passed, e.g. one the estimate cannot time, stays out).
+    fixed = [best.edits[-1] for name, group in singles.items()
+             if name not in _KNOBS and (best := _best(group)) is not None]
     vmem = max((e.edits[-1] for e in singles.get("vmem_limit", [])), key=lambda x: x.params.get("mib", 0),
                default=None)
     heads = [None] + [e.edits[-1] for e in singles.get("head_coarsening", [])]
     strips = [None] + sorted({e.edits[-1].params["strip"]: e.edits[-1] for e in singles.get("diagonal_strips", [])
                               }.items())
-    legal_q, legal_kv = set(legal_values("BLOCK_Q", task)), set(legal_values("BLOCK_KV", task))
-    pairs = [(q, kv) for q, kv in GRID_BLOCKS if q in legal_q and kv in legal_kv] or [(max(legal_q), max(legal_kv))]
     candidates, seen = [], set()
-    for q, kv in sorted(pairs, key=lambda p: -p[0] * p[1]):
+    for blocks in _block_choices(seed_source, task):
         for hc in heads:
             for strip in strips:
                 edits = ([hc] if hc else []) + fixed + ([vmem] if vmem else []) + [
-                    Edit("block_sizes", {"tunable": "BLOCK_Q", "value": q}),
-                    Edit("block_sizes", {"tunable": "BLOCK_KV", "value": kv})] + ([strip[1]] if strip else [])
+                    Edit("block_sizes", {"tunable": name, "value": value}) for name, value in blocks
+                ] + ([strip[1]] if strip else [])
                 source, kept = _replay_all(seed_source, edits, task)
                 if source not in seen:
                     seen.add(source)
