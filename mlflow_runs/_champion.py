@@ -41,28 +41,52 @@ def _uris(uri: str):
         mlflow.set_registry_uri(previous[1])
 
 
-def _signature():
+_PARAM_TYPES = {bool: "boolean", int: "long", float: "double", str: "string"}
+
+
+def call_spec(task) -> dict[str, Any]:
+    """How the registered model calls a seed's kernel: its entry point, its inputs (name, rank,
+    dtype) and its keyword arguments with the values the kernel was judged with."""
+    return {"entry": task.entry, "inputs": [[name, len(shape), dtype]
+                                            for name, (shape, dtype) in zip(task.input_names, task.input_specs(),
+                                                                            strict=True)],
+            "params": dict(task.kernel_kwargs())}
+
+
+def example_inputs(task, tunables: dict[str, int]) -> dict[str, Any] | None:
+    """The input example: the seed's small float32 problem for these tunables, if it has one."""
+    small = task.example_task(tunables)
+    if small is None:
+        return None
+    arrays = small.make_inputs(0, small.distributions[0])
+    return dict(zip(small.input_names, arrays, strict=True))
+
+
+def _signature(call: dict[str, Any]):
     import numpy as np
     from mlflow.models.signature import ModelSignature
     from mlflow.types.schema import ParamSchema, ParamSpec, Schema, TensorSpec
 
-    tensor = (-1, -1, -1, -1)     # (B, H, N, D)
-    return ModelSignature(
-        inputs=Schema([TensorSpec(np.dtype(np.float32), tensor, name) for name in ("q", "k", "v")]),
-        outputs=Schema([TensorSpec(np.dtype(np.float32), tensor)]),
-        params=ParamSchema([ParamSpec("causal", "boolean", True),
-                            ParamSpec("sm_scale", "double", 0.0)]))   # 0: 1/sqrt(D)
+    def dtype(name: str):
+        return np.dtype(np.float32) if name in ("bfloat16", "float16") else np.dtype(name)
+
+    inputs = [TensorSpec(dtype(dt), (-1,) * rank, name) for name, rank, dt in call["inputs"]]
+    first = call["inputs"][0]
+    params = [ParamSpec(k, _PARAM_TYPES[type(v)], v) for k, v in call["params"].items() if type(v) in _PARAM_TYPES]
+    return ModelSignature(inputs=Schema(inputs), outputs=Schema([TensorSpec(dtype(first[2]), (-1,) * first[1])]),
+                          params=ParamSchema(params) if params else None)
 
 
-def register_champion(source: str, name: str, provenance: dict[str, Any], *,
-                      description: str | None = None, example_shape: tuple[int, ...] | None = None,
+def register_champion(source: str, name: str, provenance: dict[str, Any], *, call: dict[str, Any],
+                      description: str | None = None, example: dict[str, Any] | None = None,
                       data_dir: str | os.PathLike = DEFAULT_DATA_DIR, tracking_uri: str | None = None):
     """Log ``source`` as a pyfunc model, register it as ``name`` and point alias ``champion`` at it.
 
-    ``provenance`` (individual id, speedup, timing source, chip, libtpu version...) becomes tags of
-    the model version. Load it with ``mlflow.pyfunc.load_model(f"models:/{name}@champion")``.
-    Returns the ``ModelVersion``. Not best-effort: raises what MLflow raises (``name`` may not
-    contain '/' or ':').
+    ``call`` (see :func:`call_spec`) says how the model calls the kernel; ``example`` is an input
+    example. ``provenance`` (individual id, speedup, timing source, chip, libtpu version...)
+    becomes tags of the model version. Load it with
+    ``mlflow.pyfunc.load_model(f"models:/{name}@champion")``. Returns the ``ModelVersion``. Not
+    best-effort: raises what MLflow raises (``name`` may not contain '/' or ':').
     """
     import mlflow
     from mlflow.tracking import MlflowClient
@@ -71,12 +95,11 @@ def register_champion(source: str, name: str, provenance: dict[str, Any], *,
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)
     experiment_id = get_or_create_experiment(client, CHAMPION_EXPERIMENT, data_dir)
     tags = {str(k): str(v)[:5000] for k, v in provenance.items() if v is not None and str(v) != ""}
-    example = None
-    if example_shape is not None:      # small random q, k, v of a shape the kernel accepts
+    if example is not None:     # the signature's dtypes: floats as float32
         import numpy as np
 
-        rng = np.random.default_rng(0)
-        example = {key: rng.standard_normal(example_shape).astype(np.float32) for key in ("q", "k", "v")}
+        example = {k: np.asarray(v, np.float32) if np.asarray(v).dtype.kind == "f" or "bfloat16" in str(
+            np.asarray(v).dtype) else np.asarray(v) for k, v in example.items()}
     with tempfile.TemporaryDirectory() as tmp, _uris(uri):
         kernel = Path(tmp) / "kernel.py"
         kernel.write_text(source, encoding="utf-8")
@@ -84,16 +107,16 @@ def register_champion(source: str, name: str, provenance: dict[str, Any], *,
                                 tags={"pallas_evolve.kind": "champion", **tags})
         with mlflow.start_run(run_id=run.info.run_id):
             info = mlflow.pyfunc.log_model(name="champion", python_model=str(MODEL_CODE),
-                                           artifacts={"kernel": str(kernel)},
+                                           artifacts={"kernel": str(kernel)}, model_config=call,
                                            pip_requirements=_requirements(),
-                                           signature=_signature(), input_example=example,
+                                           signature=_signature(call), input_example=example,
                                            registered_model_name=name)
     version = str(info.registered_model_version)
     for key, value in tags.items():
         client.set_model_version_tag(name, version, key, value)
     if description:
         client.update_model_version(name, version, description=description)
-        client.update_registered_model(name, description="Flash attention kernels promoted by pallas-evolve; "
+        client.update_registered_model(name, description="Pallas kernels promoted by pallas-evolve; "
                                        "the alias 'champion' points at the latest. Each version's "
                                        "description says what it is and how to call it.")
     client.set_registered_model_alias(name, ALIAS, version)
@@ -102,47 +125,47 @@ def register_champion(source: str, name: str, provenance: dict[str, Any], *,
 
 def champion_header(*, name: str, run_id: str, individual_id: str, lineage: list[str], task, result,
                     tunables: dict[str, int], run_link: str | None) -> str:
-    """The promoted kernel's module docstring: what it is, its figures, the shapes it accepts, and
-    how to call it on a TPU, on a CPU and from the registry. Replaces the seed's docstring."""
+    """The promoted kernel's module docstring: what it is, its figures, the inputs it was judged
+    on, and how to call it on a TPU, on a CPU and from the registry. Replaces the seed's docstring."""
     m, p = result.metrics, result.provenance
-    b, h, n, d = task.shape
-    blocks = [f"{k}={v}" for k, v in sorted(tunables.items()) if k.startswith("BLOCK")]
-    heads = tunables.get("HEADS_PER_PROGRAM", 1)
     figures = [f"latency {m.latency_s * 1e6:.1f} us" if m.latency_s else None,
                f"{m.speedup_vs_reference:.3f}x the XLA reference" if m.speedup_vs_reference else None,
-               f"{m.estimated_cycles:,} estimated cycles" if m.estimated_cycles else None]
+               f"{m.estimated_cycles:,} estimated cycles" if m.estimated_cycles else None,
+               f"HBM bandwidth utilisation {m.hbm_util:.0%}" if m.hbm_util and m.regime == "memory-bound" else None]
+    inputs = ", ".join(task.input_names)
+    kwargs = ", ".join(f"{k}={v!r}" for k, v in task.kernel_kwargs().items())
+    call = f"{task.entry}({inputs}{', ' + kwargs if kwargs else ''})"
+    specs = [f"    {n}: {tuple(shape)} {dtype}" for n, (shape, dtype) in zip(task.input_names, task.input_specs(),
+                                                                            strict=True)]
     lines = [
-        f"{name}: flash attention evolved by pallas-evolve, promoted from run {run_id}.",
+        f"{name}: {task.name} evolved by pallas-evolve, promoted from run {run_id}.",
         "",
         "What it is",
+        f"    {task.description}",
         f"    individual: {individual_id} ('evolve lineage {individual_id}' shows how it was made)",
         *([f"    MLflow run: {run_link}"] if run_link else []),
         "    lineage: " + " -> ".join(["seed", *lineage]),
         f"    evolved and verified for: {task.key}",
         "    figures: " + ", ".join(f for f in figures if f),
         f"    timing source: {p.timing_source} (chip {p.chip}, libtpu {p.libtpu_version}, jax {p.jax_version})",
+        "    tunables: " + (", ".join(f"{k}={v}" for k, v in sorted(tunables.items())) or "none"),
         "",
-        "Shapes it accepts",
-        f"    q, k, v: (B, H, N, D) arrays of one dtype; judged at B={b}, H={h}, N={n}, D={d}, {task.dtype}, "
-        f"causal={task.causal}.",
-        f"    N must be a multiple of the blocks ({', '.join(blocks) or 'none'}; a block larger than N "
-        "is cut to N), and a multiple of 128 when above 128.",
-        f"    H must be a multiple of HEADS_PER_PROGRAM={heads}." if heads > 1 else
-        "    Any H (one head per program).",
-        "    Other shapes, dtypes and causal settings compile but were not judged: check them with",
-        "    'evolve eval THIS_FILE --shape B=..,H=..,N=..,D=..' before relying on them.",
+        "The inputs it was judged on",
+        *specs,
+        "    Other shapes and dtypes may compile but were not judged: check them with",
+        f"    'evolve eval THIS_FILE --seed {task.name} --shape ...' before relying on them.",
         "",
         "How to call it",
         "    On a TPU:",
-        "        from champion import flash_attention",
-        f"        out = flash_attention(q, k, v, causal={task.causal}, sm_scale=q.shape[-1] ** -0.5)",
+        f"        from champion import {task.entry}",
+        f"        out = {call}",
         "    On a CPU (Pallas' TPU interpreter: slow, for checking, not for speed):",
         "        from jax.experimental.pallas import tpu as pltpu",
         "        with pltpu.force_tpu_interpret_mode():",
-        f"            out = flash_attention(q, k, v, causal={task.causal}, sm_scale=q.shape[-1] ** -0.5)",
-        "    From the MLflow model registry (either backend):",
+        f"            out = {call}",
+        "    From the MLflow model registry (either backend; keywords default to the judged values):",
         f"        model = mlflow.pyfunc.load_model('models:/{name}@champion')",
-        f"        out = model.predict({{'q': q, 'k': k, 'v': v}}, params={{'causal': {task.causal}}})",
+        "        out = model.predict({" + ", ".join(f"'{n}': {n}" for n in task.input_names) + "})",
     ]
     return "\n".join(lines)
 

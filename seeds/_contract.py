@@ -113,6 +113,11 @@ class SeedTask:
         task does not know the tunable (operators then leave it alone)."""
         return None
 
+    def example_task(self, tunables: dict[str, int]) -> SeedTask | None:
+        """A small float32 problem of the same kind that a kernel with these tunables accepts
+        (the registered model's input example), or None for no example."""
+        return None
+
 
 def parse_shape(text: str, keys: dict[str, str], example: str) -> dict[str, int]:
     """Parse a ``--shape`` string such as ``B=1,H=8`` (any subset of ``keys``, which map the

@@ -129,6 +129,12 @@ class Task(SeedTask):
                     f"use a multiple of {SEQ_TILE} (or N <= {SEQ_TILE})")
         return None
 
+    def example_task(self, tunables: dict[str, int]) -> AttentionTask:
+        """One sequence of 128 tokens (blocks larger than N are cut to N), as many heads as one
+        program takes."""
+        return dataclasses.replace(self, batch=1, heads=tunables.get("HEADS_PER_PROGRAM", 1),
+                                   seq_len=min(self.seq_len, 128), dtype="float32")
+
     def legal_values(self, tunable: str) -> list[int] | None:
         """Sequence blocks: multiples of the 128-lane tile dividing N, up to 2048 (beyond it a
         block's f32 logits alone no longer fit scoped VMEM); heads per program: divisors of H up

@@ -178,6 +178,12 @@ class Task(SeedTask):
             return f"N={self.kv_len} is not a multiple of {SEQ_TILE}; use a multiple of {SEQ_TILE}"
         return None
 
+    def example_task(self, tunables: dict[str, int]) -> Task:
+        """Two sequences, one K/V head with its query heads, a 256-entry cache (blocks larger than
+        N are cut to N)."""
+        return dataclasses.replace(self, batch=2, heads=self.heads // self.kv_heads, kv_heads=1,
+                                   kv_len=min(self.kv_len, 256), dtype="float32")
+
     def legal_values(self, tunable: str) -> list[int] | None:
         """KV blocks: multiples of 128 dividing N, up to 8192; KV splits: 1 to 16."""
         if tunable == "BLOCK_KV":
