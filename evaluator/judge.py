@@ -232,11 +232,13 @@ class Judge:
                          total_budget=total_budget)
 
     def _run_runner(self, private: Path, task: SeedTask, mode: str, program: str | None,
-                    input_dirs: list[str], compile_tpu: bool = True, prune: dict | None = None
-                    ) -> ChildOutcome:
+                    input_dirs: list[str], compile_tpu: bool = True, prune: dict | None = None,
+                    timing_input: str | None = None) -> ChildOutcome:
         request = {"mode": mode, "program": program, "task": task.fields(), "task_source": task_source(task),
                    "specs": task.input_specs(), "input_names": list(task.input_names),
                    "topology": self.chip.topology, "on_tpu": self.on_tpu, "inputs": input_dirs,
+                   # whose values data-dependent index maps are evaluated on (the HBM traffic model)
+                   "timing_input": timing_input or (input_dirs[0] if input_dirs else None),
                    "out_dir": str(private), "timing": self.timing.worker_request(),
                    "refuse": list(TRACE_REFUSALS), "compile": compile_tpu, "prune": prune}
         # Defence in depth: the runner parses programs a candidate produced. Off a TPU host it is
@@ -371,21 +373,37 @@ class Judge:
         """The compiler's estimate of a source, with the audit's findings, and no correctness
         check: (cycles or None, findings, why there is no figure). For sweeps and measurements
         of trusted kernels (scripts/); a candidate's figure only ever comes from ``evaluate``."""
-        outcome, program = self._trace(source, task)
-        failure = self._failure(outcome)
-        if failure is not None or program is None:
-            return None, [], failure[2] if failure else "the worker exported nothing"
+        timing, findings = self.estimate_timing(source, task)
+        return timing.cycles, findings, timing.error
+
+    def estimate_timing(self, source: str | None, task: SeedTask) -> tuple[Timing, list[dict]]:
+        """:meth:`estimate` as a Timing (with its compute and HBM parts); ``source`` None: the
+        task's own XLA program (trusted), without running it on the CPU."""
+        program = None
+        if source is not None:
+            outcome, program = self._trace(source, task)
+            failure = self._failure(outcome)
+            if failure is not None or program is None:
+                return Timing(None, error=failure[2] if failure else "the worker exported nothing"), []
         private = _private_dir("estimate")
         try:
             path = private / PROGRAM_FILE
-            path.write_bytes(program)
-            run = self._run_runner(private, task, "candidate", str(path), [])
+            if program is not None:
+                path.write_bytes(program)
+            # The timing input's small arrays (e.g. cache lengths), for index maps that read them.
+            dist, seed = (self.config.correctness_inputs or task.correctness_inputs)[0]
+            small = private / "timing_input"
+            small.mkdir()
+            for name, array in zip(task.input_names, task.make_inputs(seed, dist), strict=True):
+                if np.asarray(array).nbytes <= 1 << 20:
+                    save_array(small / f"{name}.npy", array)
+            run = self._run_runner(private, task, "candidate" if program is not None else "reference",
+                                   str(path) if program is not None else None, [], timing_input=str(small))
             failure = self._failure(run)
             if failure is not None:
-                return None, [], failure[2]
+                return Timing(None, error=failure[2]), []
             data = self._stage_data(run)
-            timing = self.timing.read(private, data, self.chip)
-            return timing.cycles, data.get("audit", {}).get("findings", []), timing.error
+            return self.timing.read(private, data, self.chip), data.get("audit", {}).get("findings", [])
         finally:
             shutil.rmtree(private, ignore_errors=True)
 
