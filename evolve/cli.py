@@ -1,4 +1,5 @@
-"""The `evolve` command: a table of small subcommands, each in its own module."""
+"""The `evolve` command: a table of small command classes (evolve.cli_common.Command), one module
+per family of commands; each module lists its commands in COMMANDS."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import importlib
 import signal
 import sys
 
+from evolve.cli_common import Command, add_command, shared_parents
 from evolve.errors import UsageError
 
-# Modules that contribute subcommands through add_commands(subparsers).
+# Modules that contribute commands through their COMMANDS tuple.
 COMMAND_MODULES = ("evolve.cli_eval", "evolve.cli_mutations", "evolve.cli_run", "evolve.cli_ablate",
                    "evolve.cli_bench", "evolve.cli_seeds")
 
@@ -19,9 +21,10 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"evolve: error: {message} (see 'evolve --help')\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="evolve", description="Evolutionary search for faster Pallas TPU kernels.")
-    subparsers = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+def command_table() -> dict[str, type[Command]]:
+    """Every command by name, in the order of COMMAND_MODULES (a module that cannot be imported
+    because it is absent is left out)."""
+    table: dict[str, type[Command]] = {}
     for name in COMMAND_MODULES:
         try:
             module = importlib.import_module(name)
@@ -29,7 +32,20 @@ def build_parser() -> argparse.ArgumentParser:
             if exc.name != name:
                 raise
             continue
-        module.add_commands(subparsers)
+        for command in module.COMMANDS:
+            if command.name in table:
+                raise RuntimeError(f"two commands named {command.name!r}: {table[command.name].__qualname__} "
+                                   f"and {command.__qualname__}")
+            table[command.name] = command
+    return table
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="evolve", description="Evolutionary search for faster Pallas TPU kernels.")
+    subparsers = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parents = shared_parents()
+    for command in command_table().values():
+        add_command(subparsers, command, parents)
     return parser
 
 
@@ -41,15 +57,21 @@ def _on_signal(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
+def execute(args: argparse.Namespace) -> int:
+    """Run parsed arguments' command: its exit status, or 2 with one line for bad input."""
     try:
         return int(args.func(args) or 0)
     except UsageError as exc:
         print(f"evolve: error: {exc}", file=sys.stderr)
         return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    try:
+        return execute(args)
     except KeyboardInterrupt:
         from evaluator.sandbox import kill_all_children
 

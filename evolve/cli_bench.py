@@ -7,80 +7,90 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from evolve.cli_common import Command, add_commands as _add_commands
 from evolve.errors import UsageError
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
-    from evolve.bench import format_table, run_trial, summarise, write_report
-    from evolve.cli_run import _archive, _config_from_args
-    from evolve.run import new_run_id
-    from evolve.strategies import strategy_class
+class BenchCommand(Command):
+    name = "bench"
+    help = "search strategies side by side on one task and budget"
+    description = ("Search strategies side by side on one task, budget and judge; every strategy shares "
+                   "the archive of --data-dir (a kernel one strategy judged is read back for the others).")
+    parents = ("data_dir",)
 
-    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    if not strategies:
-        raise UsageError("--strategies is empty; give one or more of ga, ratchet, random")
-    for name in strategies:
-        strategy_class(name)
-    if args.budget < 1:
-        raise UsageError(f"--budget must be at least 1 kernel, got {args.budget}")
-    if args.repeats < 1:
-        raise UsageError(f"--repeats must be at least 1, got {args.repeats}")
-    args.population = args.generations = args.prune_factor = args.lag = args.config = None
-    args.peers = True
-    base = _config_from_args(args)
-    base = dataclasses.replace(base, search=dataclasses.replace(base.search, budget=args.budget))
-    base.task.task()
-    _archive(args.data_dir, create=True)
-    bench_id = "bench-" + new_run_id()
-    trials, meta = [], None
-    out = Path(args.out) if args.out else Path(args.data_dir) / "bench" / bench_id
-    for repeat in range(args.repeats):
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--strategies", default="ga,ratchet,random", help="comma-separated: ga, ratchet, random")
+        parser.add_argument("--budget", type=int, default=32,
+                            help="distinct kernels per strategy and repeat (default 32)")
+        parser.add_argument("--repeats", type=int, default=1, help="runs per strategy, RNG seeds base..base+R-1")
+        parser.add_argument("--rng-seed", type=int, default=None, help="the first repeat's RNG seed (default 0)")
+        parser.add_argument("--seed", default=None,
+                            help="a built-in seed (evolve seeds) or a seed directory (default flash_attention)")
+        parser.add_argument("--chip", default=None, help="v5e (default) or v6e")
+        parser.add_argument("--shape", default=None, help="e.g. B=1,H=8,N=2048,D=128")
+        parser.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None)
+        parser.add_argument("--workers", type=int, default=None, help="parallel judges (default: one per core)")
+        parser.add_argument("--out", default=None, help="where to write bench.md, bench.png, bench.json "
+                                                        "(default DATA_DIR/bench/BENCH_ID)")
+
+    def take_action(self, args: argparse.Namespace) -> int:
+        from evolve.bench import format_table, run_trial, summarise, write_report
+        from evolve.cli_run import _archive, _config_from_args
+        from evolve.run import new_run_id
+        from evolve.strategies import strategy_class
+
+        strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+        if not strategies:
+            raise UsageError("--strategies is empty; give one or more of ga, ratchet, random")
         for name in strategies:
-            config = dataclasses.replace(
-                base, search=dataclasses.replace(base.search, rng_seed=base.search.rng_seed + repeat),
-                # JAX's tuned kernel is judged once, beside the first trial.
-                judge=dataclasses.replace(base.judge, peers=not trials))
-            print(f"{bench_id}: {name}, repeat {repeat + 1}/{args.repeats}", file=sys.stderr)
-            trial, run = run_trial(config, args.data_dir, f"{bench_id}-{name}-r{repeat}", name, repeat)
-            trials.append(trial)
-            if meta is None:
-                meta = {"bench_id": bench_id, "budget": args.budget, "repeats": args.repeats,
-                        "strategies": strategies, "task_key": run.task.key, "chip": run.prov.chip,
-                        "timing_source": run.prov.timing_source, "libtpu_version": run.prov.libtpu_version,
-                        "config": config.to_dict(),
-                        "peers": {k: {"status": r.status.value, "speedup_vs_reference":
-                                      r.metrics.speedup_vs_reference, "estimated_cycles": r.metrics.estimated_cycles}
-                                  for k, r in run.peers.items()}}
-            # The report is rewritten after every trial: a bench stopped part way keeps what it has.
-            summary = summarise(trials)
-            paths = write_report(out, trials, summary, meta)
-    print(f"\n{bench_id}  task {meta['task_key']}  timing: {meta['timing_source']} (chip {meta['chip']}, "
-          f"libtpu {meta['libtpu_version']})")
-    print(format_table(summary, args.budget))
-    for name, peer in meta["peers"].items():
-        if peer["speedup_vs_reference"]:
-            print(f"{name}: {peer['speedup_vs_reference']:.3f}x the XLA reference "
-                  f"({peer['estimated_cycles'] or '-'} cycles), same judge")
-    print(f"table: {paths['table']}  plot: {paths['plot']}  data: {paths['json']}")
-    return 0
+            strategy_class(name)
+        if args.budget < 1:
+            raise UsageError(f"--budget must be at least 1 kernel, got {args.budget}")
+        if args.repeats < 1:
+            raise UsageError(f"--repeats must be at least 1, got {args.repeats}")
+        args.population = args.generations = args.prune_factor = args.lag = args.config = None
+        args.peers = True
+        base = _config_from_args(args)
+        base = dataclasses.replace(base, search=dataclasses.replace(base.search, budget=args.budget))
+        base.task.task()
+        _archive(args.data_dir, create=True)
+        bench_id = "bench-" + new_run_id()
+        trials, meta = [], None
+        out = Path(args.out) if args.out else Path(args.data_dir) / "bench" / bench_id
+        for repeat in range(args.repeats):
+            for name in strategies:
+                config = dataclasses.replace(
+                    base, search=dataclasses.replace(base.search, rng_seed=base.search.rng_seed + repeat),
+                    # JAX's tuned kernel is judged once, beside the first trial.
+                    judge=dataclasses.replace(base.judge, peers=not trials))
+                print(f"{bench_id}: {name}, repeat {repeat + 1}/{args.repeats}", file=sys.stderr)
+                trial, run = run_trial(config, args.data_dir, f"{bench_id}-{name}-r{repeat}", name, repeat)
+                trials.append(trial)
+                if meta is None:
+                    meta = {"bench_id": bench_id, "budget": args.budget, "repeats": args.repeats,
+                            "strategies": strategies, "task_key": run.task.key, "chip": run.prov.chip,
+                            "timing_source": run.prov.timing_source, "libtpu_version": run.prov.libtpu_version,
+                            "config": config.to_dict(),
+                            "peers": {k: {"status": r.status.value,
+                                          "speedup_vs_reference": r.metrics.speedup_vs_reference,
+                                          "estimated_cycles": r.metrics.estimated_cycles}
+                                      for k, r in run.peers.items()}}
+                # The report is rewritten after every trial: a bench stopped part way keeps what it has.
+                summary = summarise(trials)
+                paths = write_report(out, trials, summary, meta)
+        print(f"\n{bench_id}  task {meta['task_key']}  timing: {meta['timing_source']} (chip {meta['chip']}, "
+              f"libtpu {meta['libtpu_version']})")
+        print(format_table(summary, args.budget))
+        for name, peer in meta["peers"].items():
+            if peer["speedup_vs_reference"]:
+                print(f"{name}: {peer['speedup_vs_reference']:.3f}x the XLA reference "
+                      f"({peer['estimated_cycles'] or '-'} cycles), same judge")
+        print(f"table: {paths['table']}  plot: {paths['plot']}  data: {paths['json']}")
+        return 0
 
 
-def add_commands(subparsers) -> None:
-    p = subparsers.add_parser("bench", help="search strategies side by side on one task and budget")
-    p.add_argument("--strategies", default="ga,ratchet,random", help="comma-separated: ga, ratchet, random")
-    p.add_argument("--budget", type=int, default=32, help="distinct kernels per strategy and repeat (default 32)")
-    p.add_argument("--repeats", type=int, default=1, help="runs per strategy, RNG seeds base..base+R-1")
-    p.add_argument("--rng-seed", type=int, default=None, help="the first repeat's RNG seed (default 0)")
-    p.add_argument("--seed", default=None,
-                   help="a built-in seed (evolve seeds) or a seed directory (default flash_attention)")
-    p.add_argument("--chip", default=None, help="v5e (default) or v6e")
-    p.add_argument("--shape", default=None, help="e.g. B=1,H=8,N=2048,D=128")
-    p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None)
-    p.add_argument("--workers", type=int, default=None, help="parallel judges (default: one per core)")
-    p.add_argument("--out", default=None, help="where to write bench.md, bench.png, bench.json "
-                                               "(default DATA_DIR/bench/BENCH_ID)")
-    from archive import DEFAULT_DATA_DIR
+COMMANDS = (BenchCommand,)
 
-    p.add_argument("--data-dir", default=DEFAULT_DATA_DIR,
-                   help="the archive every strategy shares (default ./evolve_data)")
-    p.set_defaults(func=cmd_bench)
+
+def add_commands(subparsers, parents=None) -> None:
+    _add_commands(subparsers, COMMANDS, parents)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from evaluator.chips import CHIPS
 from evaluator.result import EvalResult
+from evolve.cli_common import Command, add_commands as _add_commands, add_json_alias, print_json
 from evolve.errors import UsageError
 
 
@@ -86,43 +86,53 @@ def format_table(result: EvalResult, path: str, task) -> str:
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
-def cmd_eval(args: argparse.Namespace) -> int:
-    from evaluator.judge import Judge, JudgeConfig
+class EvalCommand(Command):
+    name = "eval"
+    help = "judge one kernel file against the seed's task"
+    parents = ("format",)
 
-    task = task_from_args(args)
-    wanted = f"defines the seed's entry point {task.entry}({', '.join(task.input_names)}, ...)"
-    path = Path(args.path)
-    if not path.is_file():
-        raise UsageError(f"no kernel file at {args.path}; give the path of a Python file that {wanted}")
-    try:
-        source = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read {args.path}: {exc}") from None
-    try:
-        compile(source, str(path), "exec")
-    except (SyntaxError, ValueError) as exc:
-        where = f" (line {exc.lineno})" if getattr(exc, "lineno", None) else ""
-        raise UsageError(f"{args.path} is not Python{where}; give the path of a Python file that "
-                         f"{wanted}") from None
-    check_tiling(source, task)
-    try:
-        judge = Judge(JudgeConfig(chip=args.chip, timing=args.timing))
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    result = judge.evaluate(source, task)
-    if args.json:
-        print(json.dumps(result.to_dict(), default=str))
-    else:
-        print(format_table(result, str(path), task))
-    return 0 if result.ok else 1
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("path", help="a kernel file defining the seed's entry point (flash_attention(q, k, v, "
+                                         "*, causal, sm_scale) for the default seed)")
+        add_task_arguments(parser)
+        parser.add_argument("--timing", default="auto",
+                            help="auto (measured on a TPU host, else compiler_estimate), compiler_estimate, "
+                                 "measured")
+        add_json_alias(parser, help="print one JSON object instead of a table (the same as --format json)")
+
+    def take_action(self, args: argparse.Namespace) -> int:
+        from evaluator.judge import Judge, JudgeConfig
+
+        task = task_from_args(args)
+        wanted = f"defines the seed's entry point {task.entry}({', '.join(task.input_names)}, ...)"
+        path = Path(args.path)
+        if not path.is_file():
+            raise UsageError(f"no kernel file at {args.path}; give the path of a Python file that {wanted}")
+        try:
+            source = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"cannot read {args.path}: {exc}") from None
+        try:
+            compile(source, str(path), "exec")
+        except (SyntaxError, ValueError) as exc:
+            where = f" (line {exc.lineno})" if getattr(exc, "lineno", None) else ""
+            raise UsageError(f"{args.path} is not Python{where}; give the path of a Python file that "
+                             f"{wanted}") from None
+        check_tiling(source, task)
+        try:
+            judge = Judge(JudgeConfig(chip=args.chip, timing=args.timing))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        result = judge.evaluate(source, task)
+        if args.format == "json":
+            print_json(result.to_dict(), indent=None)
+        else:
+            print(format_table(result, str(path), task))
+        return 0 if result.ok else 1
 
 
-def add_commands(subparsers) -> None:
-    p = subparsers.add_parser("eval", help="judge one kernel file against the seed's task")
-    p.add_argument("path", help="a kernel file defining the seed's entry point (flash_attention(q, k, v, "
-                                "*, causal, sm_scale) for the default seed)")
-    add_task_arguments(p)
-    p.add_argument("--timing", default="auto",
-                   help="auto (measured on a TPU host, else compiler_estimate), compiler_estimate, measured")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    p.set_defaults(func=cmd_eval)
+COMMANDS = (EvalCommand,)
+
+
+def add_commands(subparsers, parents=None) -> None:
+    _add_commands(subparsers, COMMANDS, parents)

@@ -1,7 +1,7 @@
-"""The ``evolve ops`` and ``evolve mutate`` subcommands (mutation operators on kernel sources).
+"""The ``evolve ops`` and ``evolve mutate`` commands (mutation operators on kernel sources).
 
-The main CLI calls :func:`add_commands` with its subparsers; each subcommand sets
-``func(args) -> int`` (the exit status).
+The main CLI takes them from ``COMMANDS``; :func:`add_commands` adds them to any argparse
+subparsers object (each sets ``func(args) -> int``, the exit status).
 """
 
 from __future__ import annotations
@@ -12,27 +12,7 @@ import random
 import sys
 from pathlib import Path
 
-
-def add_commands(subparsers) -> None:
-    """Add ``ops`` and ``mutate`` to an ``argparse`` subparsers object."""
-    ops = subparsers.add_parser("ops", help="list the mutation operators",
-                                description="List the mutation operators with their descriptions.")
-    ops.set_defaults(func=cmd_ops)
-
-    mutate = subparsers.add_parser(
-        "mutate", help="apply mutation operators to a kernel source and print the diff",
-        description="Apply mutation operators in order to a kernel source; print the unified diff "
-                    "(or write the result with --out). Exit 2 when an operator does not apply.")
-    mutate.add_argument("path", metavar="PATH", help="kernel source file (e.g. seeds/flash_attention/kernel.py)")
-    mutate.add_argument("--op", dest="ops", action="append", required=True, metavar="NAME",
-                        help="operator to apply (repeatable; applied in order); see 'evolve ops'")
-    mutate.add_argument("--rng-seed", type=int, default=0, metavar="N",
-                        help="seed of the random.Random the operators draw parameters from (default 0)")
-    mutate.add_argument("--out", metavar="FILE", help="write the rewritten source here instead of a diff")
-    from evolve.cli_eval import add_task_arguments
-
-    add_task_arguments(mutate)   # the task the preconditions check against
-    mutate.set_defaults(func=cmd_mutate)
+from evolve.cli_common import Command, add_commands as _add_commands
 
 
 def _error(message: str) -> int:
@@ -40,53 +20,85 @@ def _error(message: str) -> int:
     return 2
 
 
-def cmd_ops(args: argparse.Namespace) -> int:
-    from mutations import all_operators
+class OpsCommand(Command):
+    name = "ops"
+    help = "list the mutation operators"
+    description = "List the mutation operators with their descriptions."
 
-    operators = all_operators()
-    width = max(len(op.name) for op in operators)
-    for op in operators:
-        print(f"{op.name:<{width}}  {op.description}")
-    return 0
+    def take_action(self, args: argparse.Namespace) -> int:
+        from mutations import all_operators
 
-
-def cmd_mutate(args: argparse.Namespace) -> int:
-    from evolve.cli_eval import task_from_args
-    from evolve.errors import UsageError
-    from mutations import get_operator
-
-    try:
-        operators = [get_operator(name) for name in args.ops]
-    except KeyError as exc:
-        return _error(str(exc.args[0]))
-    path = Path(args.path)
-    try:
-        original = path.read_text()
-    except OSError as exc:
-        return _error(f"cannot read {path}: {exc.strerror or exc}")
-    try:
-        task = task_from_args(args)
-    except UsageError as exc:
-        return _error(str(exc))
-
-    rng = random.Random(args.rng_seed)
-    source = original
-    for op in operators:
-        result = op.apply(source, task, rng)
-        if result.status != "applied":
-            what = "does not apply" if result.status == "not_applicable" else "failed"
-            print(f"{op.name}: {what}: {result.reason}", file=sys.stderr)
-            return 2
-        print(f"{op.name}: applied {result.edit.to_json() if result.edit else ''}", file=sys.stderr)
-        source = result.source
-
-    if args.out:
-        try:
-            Path(args.out).write_text(source)
-        except OSError as exc:
-            return _error(f"cannot write {args.out}: {exc.strerror or exc}")
+        operators = all_operators()
+        width = max(len(op.name) for op in operators)
+        for op in operators:
+            print(f"{op.name:<{width}}  {op.description}")
         return 0
-    sys.stdout.writelines(difflib.unified_diff(
-        original.splitlines(keepends=True), source.splitlines(keepends=True),
-        fromfile=f"a/{path}", tofile=f"b/{path}"))
-    return 0
+
+
+class MutateCommand(Command):
+    name = "mutate"
+    help = "apply mutation operators to a kernel source and print the diff"
+    description = ("Apply mutation operators in order to a kernel source; print the unified diff "
+                   "(or write the result with --out). Exit 2 when an operator does not apply.")
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        from evolve.cli_eval import add_task_arguments
+
+        parser.add_argument("path", metavar="PATH",
+                            help="kernel source file (e.g. seeds/flash_attention/kernel.py)")
+        parser.add_argument("--op", dest="ops", action="append", required=True, metavar="NAME",
+                            help="operator to apply (repeatable; applied in order); see 'evolve ops'")
+        parser.add_argument("--rng-seed", type=int, default=0, metavar="N",
+                            help="seed of the random.Random the operators draw parameters from (default 0)")
+        parser.add_argument("--out", metavar="FILE", help="write the rewritten source here instead of a diff")
+        add_task_arguments(parser)   # the task the preconditions check against
+
+    def take_action(self, args: argparse.Namespace) -> int:
+        # Errors are returned, not raised: this command also runs outside evolve.cli.main.
+        from evolve.cli_eval import task_from_args
+        from evolve.errors import UsageError
+        from mutations import get_operator
+
+        try:
+            operators = [get_operator(name) for name in args.ops]
+        except KeyError as exc:
+            return _error(str(exc.args[0]))
+        path = Path(args.path)
+        try:
+            original = path.read_text()
+        except OSError as exc:
+            return _error(f"cannot read {path}: {exc.strerror or exc}")
+        try:
+            task = task_from_args(args)
+        except UsageError as exc:
+            return _error(str(exc))
+
+        rng = random.Random(args.rng_seed)
+        source = original
+        for op in operators:
+            result = op.apply(source, task, rng)
+            if result.status != "applied":
+                what = "does not apply" if result.status == "not_applicable" else "failed"
+                print(f"{op.name}: {what}: {result.reason}", file=sys.stderr)
+                return 2
+            print(f"{op.name}: applied {result.edit.to_json() if result.edit else ''}", file=sys.stderr)
+            source = result.source
+
+        if args.out:
+            try:
+                Path(args.out).write_text(source)
+            except OSError as exc:
+                return _error(f"cannot write {args.out}: {exc.strerror or exc}")
+            return 0
+        sys.stdout.writelines(difflib.unified_diff(
+            original.splitlines(keepends=True), source.splitlines(keepends=True),
+            fromfile=f"a/{path}", tofile=f"b/{path}"))
+        return 0
+
+
+COMMANDS = (OpsCommand, MutateCommand)
+
+
+def add_commands(subparsers, parents=None) -> None:
+    """Add ``ops`` and ``mutate`` to an ``argparse`` subparsers object."""
+    _add_commands(subparsers, COMMANDS, parents)

@@ -4,22 +4,30 @@ from __future__ import annotations
 
 import argparse
 
-
-def cmd_seeds(args: argparse.Namespace) -> int:
-    from seeds import builtin_seeds, load_seed
-
-    for name in builtin_seeds():
-        seed = load_seed(name)
-        task = seed.default_task()
-        print(f"{name}\n  {seed.description}\n  default task: {task.key}\n"
-              f"  --shape grammar: {seed.task_class.shape_grammar}; entry point: "
-              f"{seed.task_class.entry}({', '.join(seed.task_class.input_names)}, ...)\n"
-              f"  directory: {seed.directory}")
-    print("\nAny other seed: a directory with task.py and kernel.py, passed as --seed PATH "
-          "(see 'The seed contract' in the README).")
-    return 0
+from evolve.cli_common import Command, add_commands as _add_commands
 
 
-def add_commands(subparsers) -> None:
-    p = subparsers.add_parser("seeds", help="list the built-in seeds and their default tasks")
-    p.set_defaults(func=cmd_seeds)
+class SeedsCommand(Command):
+    name = "seeds"
+    help = "list the built-in seeds and their default tasks"
+
+    def take_action(self, args: argparse.Namespace) -> int:
+        from seeds import builtin_seeds, load_seed
+
+        for name in builtin_seeds():
+            seed = load_seed(name)
+            task = seed.default_task()
+            print(f"{name}\n  {seed.description}\n  default task: {task.key}\n"
+                  f"  --shape grammar: {seed.task_class.shape_grammar}; entry point: "
+                  f"{seed.task_class.entry}({', '.join(seed.task_class.input_names)}, ...)\n"
+                  f"  directory: {seed.directory}")
+        print("\nAny other seed: a directory with task.py and kernel.py, passed as --seed PATH "
+              "(see 'The seed contract' in the README).")
+        return 0
+
+
+COMMANDS = (SeedsCommand,)
+
+
+def add_commands(subparsers, parents=None) -> None:
+    _add_commands(subparsers, COMMANDS, parents)

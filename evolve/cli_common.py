@@ -1,0 +1,137 @@
+"""What every `evolve` command shares: the command class, the shared parent parsers and JSON output.
+
+A command is a small class: its ``name`` and ``help``, the shared options it takes (``parents``:
+``"data_dir"`` for ``--data-dir``, ``"format"`` for ``--format {table,json}``), its own
+options (``add_arguments``) and what it does (``take_action(args)``, the exit status). Each
+``evolve/cli_*.py`` module lists its commands in ``COMMANDS``; ``evolve/cli.py`` makes the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import math
+import os
+import sys
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+FORMATS = ("table", "json")
+
+
+class Command:
+    """One subcommand of `evolve`."""
+
+    name: ClassVar[str]
+    help: ClassVar[str]
+    description: ClassVar[str | None] = None     # the command's --help text (default: help)
+    parents: ClassVar[tuple[str, ...]] = ()      # shared options: "data_dir", "format"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """Add the command's own arguments (the shared ones come from ``parents``)."""
+
+    def take_action(self, args: argparse.Namespace) -> int:
+        """Do it; return the exit status. Bad input raises evolve.errors.UsageError (exit 2)."""
+        raise NotImplementedError
+
+
+def _data_dir(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty; give a directory")
+    return text
+
+
+def data_dir_parser() -> argparse.ArgumentParser:
+    """``--data-dir``, for every command that reads or writes the data directory. Its default is
+    archive.DEFAULT_DATA_DIR (./evolve_data, or $PALLAS_EVOLVE_DATA_DIR), read when the parser is
+    built."""
+    import archive
+
+    default = archive.DEFAULT_DATA_DIR
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--data-dir", type=_data_dir, default=default, metavar="DIR",
+                        help=f"where runs are stored (default {str(default).replace('%', '%%')}; "
+                             "the environment variable PALLAS_EVOLVE_DATA_DIR sets it)")
+    return parser
+
+
+def format_parser() -> argparse.ArgumentParser:
+    """``--format {table,json}``: a table for people, or one JSON document on stdout for scripts."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--format", choices=FORMATS, default="table",
+                        help="table (default) or json: one JSON document on stdout")
+    return parser
+
+
+PARENT_PARSERS = {"data_dir": data_dir_parser, "format": format_parser}
+
+
+def shared_parents() -> dict[str, argparse.ArgumentParser]:
+    """One parent parser of each kind, shared by every command that asks for it."""
+    return {name: make() for name, make in PARENT_PARSERS.items()}
+
+
+def add_json_alias(parser: argparse.ArgumentParser, help: str = "the same as --format json") -> None:
+    parser.add_argument("--json", dest="format", action="store_const", const="json", help=help)
+
+
+def add_command(subparsers, command: type[Command],
+                parents: dict[str, argparse.ArgumentParser] | None = None) -> argparse.ArgumentParser:
+    """Add one command to an argparse subparsers object; ``args.func`` is its take_action."""
+    parents = parents if parents is not None else shared_parents()
+    unknown = set(command.parents) - set(parents)
+    if unknown:
+        raise ValueError(f"command {command.name!r} asks for unknown parent parsers {sorted(unknown)}")
+    instance = command()
+    parser = subparsers.add_parser(command.name, help=command.help,
+                                   description=command.description or command.help,
+                                   parents=[parents[p] for p in command.parents])
+    instance.add_arguments(parser)
+    parser.set_defaults(func=instance.take_action)
+    return parser
+
+
+def add_commands(subparsers, commands: Iterable[type[Command]],
+                 parents: dict[str, argparse.ArgumentParser] | None = None) -> None:
+    parents = parents if parents is not None else shared_parents()
+    for command in commands:
+        add_command(subparsers, command, parents)
+
+
+def jsonable(value: Any) -> Any:
+    """Plain JSON values: NaN, pandas' NA and missing values become null, times ISO 8601 text,
+    numpy scalars and arrays numbers and lists."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [jsonable(v) for v in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return jsonable(dataclasses.asdict(value))
+    if _is_missing(value):
+        return None
+    if isinstance(value, (dt.datetime, dt.date)):
+        return value.isoformat()
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    tolist = getattr(value, "tolist", None)          # numpy arrays and scalars
+    if callable(tolist):
+        return jsonable(tolist())
+    return str(value)
+
+
+def _is_missing(value: Any) -> bool:
+    pd = sys.modules.get("pandas")      # a pandas value means pandas is loaded already
+    return pd is not None and (value is pd.NaT or value is pd.NA)
+
+
+def print_json(document: Any, indent: int | None = 1) -> None:
+    """One JSON document on stdout (strict: no NaN)."""
+    sys.stdout.write(json.dumps(jsonable(document), indent=indent, allow_nan=False) + "\n")
