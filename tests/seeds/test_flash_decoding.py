@@ -1,6 +1,8 @@
 """The FlashDecoding seed through the real judge (compiler estimate, interpret-mode correctness),
-at a small ragged GQA problem: the naive kernel and a block_sizes mutant pass; a kernel that
-ignores the per-sequence lengths, or drops the last cache block, fails correctness."""
+at a small ragged GQA problem: the naive kernel, a block_sizes mutant and the chain of every decode
+operator pass; a kernel that ignores the per-sequence lengths, drops the last cache block, or
+whose split-KV combine drops the last split, fails correctness; a kernel that skips compute on
+the lengths is correct but refused a figure by the estimate."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import pytest
 
 from evaluator.judge import Judge, JudgeConfig
 from evaluator.result import Status
-from mutations import get_operator
+from mutations import Edit, get_operator, replay
 from seeds import load_seed
 
 SHAPE = "B=2,H=4,HKV=2,N=2048,D=128,T=1"
@@ -27,9 +29,22 @@ def verdicts(tmp_path_factory):
     assert no_lengths != naive and drops_last != naive
     mutant = get_operator("block_sizes").apply(naive, task, random.Random(3))
     assert mutant.status == "applied" and mutant.edit.params["tunable"] == "BLOCK_KV"
+    # Every decode operator in one chain, and the chain with the combine dropping the last split;
+    # the seed with the compute skipped past each length too (a data-dependent branch).
+    chain = replay(naive, [Edit("grouped_heads", {}), Edit("length_skip", {"compute": False}),
+                           Edit("split_kv", {"splits": 2})], task)
+    assert chain.applied, chain.reason
+    split_drops_last = chain.source.replace("m_part, l_part = m_part[..., :1], l_part[..., :1]",
+                                            "m_part, l_part, acc_part = m_part[:, :, :-1, :, :1], "
+                                            "l_part[:, :, :-1, :, :1], acc_part[:, :, :-1]")
+    skip_compute = replay(naive, [Edit("length_skip", {"compute": False}), Edit("length_skip", {"compute": True})],
+                          task)
+    assert split_drops_last != chain.source and skip_compute.applied
     judge = Judge(JudgeConfig(chip="v5e", cache_dir=str(tmp_path_factory.mktemp("cache"))))
-    results = judge.evaluate_many([naive, mutant.source, no_lengths, drops_last], task)
-    out = dict(zip(("naive", "mutant", "no_lengths", "drops_last"), results))
+    names = ("naive", "mutant", "no_lengths", "drops_last", "chain", "split_drops_last", "skip_compute")
+    results = judge.evaluate_many([naive, mutant.source, no_lengths, drops_last, chain.source, split_drops_last,
+                                   skip_compute.source], task)
+    out = dict(zip(names, results))
     # At N=1024 (two cache blocks) libtpu 0.0.42.1's static profiler aborts the compile.
     out["profiler_abort"] = judge.evaluate(naive, seed.task("B=2,H=4,HKV=2,N=1024,D=128,T=1"))
     return out
@@ -58,3 +73,21 @@ def test_a_kernel_the_static_profiler_cannot_estimate_is_fail_timing_not_a_crash
     r = verdicts["profiler_abort"]
     assert r.status == Status.FAIL_TIMING, (r.status, r.error)
     assert "static profiler cannot estimate" in r.error and r.metrics.latency_s is None
+
+
+def test_every_decode_operator_together_passes_and_moves_fewer_bytes(verdicts):
+    chain, naive = verdicts["chain"], verdicts["naive"]
+    assert chain.status == Status.PASS, chain.error
+    # Grouped heads read each K/V block once per group, and length skipping stops at each
+    # sequence's length: the HBM floor the judge counts drops, so does the figure.
+    assert chain.metrics.estimated_cycles < naive.metrics.estimated_cycles
+
+
+def test_a_split_kv_combine_that_drops_the_last_split_fails_correctness(verdicts):
+    assert verdicts["split_drops_last"].status == Status.FAIL_CORRECTNESS
+
+
+def test_skipping_compute_on_the_lengths_is_correct_but_has_no_estimate(verdicts):
+    r = verdicts["skip_compute"]
+    assert r.status == Status.FAIL_TIMING and r.stage == "performance", (r.status, r.error)
+    assert "data_dependent_branch" in r.error
