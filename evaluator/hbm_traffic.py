@@ -33,6 +33,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from evaluator.kernel_audit import KernelUnreadable, mosaic_module, walk_ops
+
 _ITEMSIZE = {"bf16": 2, "f16": 2, "f32": 4, "f64": 8, "i1": 1, "i8": 1, "i16": 2, "i32": 4, "i64": 8,
              "ui8": 1, "ui16": 2, "ui32": 4, "f8E4M3FN": 1, "f8E5M2": 1}
 MAX_STEPS = 1 << 22       # grids larger than this are not walked: a note, and an upper bound
@@ -60,7 +62,6 @@ def program_traffic(exported, input_value: Callable[[int], np.ndarray] | None = 
     from jax._src.interpreters import mlir
     from jax._src.lib import _jax
 
-    from evaluator.kernel_audit import KernelUnreadable, mosaic_module
 
     total, notes, blind = 0, [], False
     try:
@@ -111,7 +112,7 @@ def _kernel_calls(module):
         if func in seen:
             return
         seen.add(func)
-        for op in _walk(func):
+        for op in walk_ops(func):
             if op.name == "func.call":
                 callee = funcs.get(ir.FlatSymbolRefAttr(op.attributes["callee"]).value)
                 if callee is not None:
@@ -130,15 +131,6 @@ def _kernel_calls(module):
 
     visit(main)
     return out
-
-
-def _walk(op):
-    for region in op.regions:
-        for block in region.blocks:
-            for child in block.operations:
-                child = child.operation
-                yield child
-                yield from _walk(child)
 
 
 # ---- one kernel -------------------------------------------------------------------------------

@@ -147,14 +147,14 @@ def _merge(findings: list[Finding]) -> list[Finding]:
             for f, n in counts.items()]
 
 
-def _walk(op):
+def walk_ops(op):
     """Every op nested in ``op`` (not ``op`` itself), in program order."""
     for region in op.regions:
         for block in region.blocks:
             for child in block.operations:
                 child = child.operation
                 yield child
-                yield from _walk(child)
+                yield from walk_ops(child)
 
 
 def _string_attr(op, name: str) -> str | None:
@@ -174,7 +174,7 @@ def _audit_outer(serialized: bytes, platform: str) -> list[Finding]:
     kernels: list[tuple[str, str | None]] = []
     with mlir.make_ir_context():
         module = _jax.mlir.deserialize_portable_artifact(serialized)
-        for op in _walk(module.operation):
+        for op in walk_ops(module.operation):
             name = op.name
             if name in _XLA_CONTROL and platform == "tpu":
                 construct = _XLA_CONTROL[name]
@@ -316,14 +316,14 @@ class _KernelScan:
             for func in funcs:
                 self._propagate(func)
         for func in funcs:
-            for op in _walk(func):
+            for op in walk_ops(func):
                 finding = self._check(op)
                 if finding is not None:
                     findings.append(finding)
         return findings
 
     def _propagate(self, parent) -> None:
-        for op in _walk(parent):
+        for op in walk_ops(parent):
             name = op.name
             operands = list(op.operands)
             results = list(op.results)
