@@ -192,6 +192,7 @@ class Judge:
         self._lock = threading.Lock()
         self._references: dict[str, Timing] = {}
         self._truth: dict[SeedTask, list[GroundTruth]] = {}
+        self._small_inputs: dict[SeedTask, dict[str, np.ndarray]] = {}
 
     # ---- provenance --------------------------------------------------------------------------
     def provenance(self) -> Provenance:
@@ -391,12 +392,10 @@ class Judge:
             if program is not None:
                 path.write_bytes(program)
             # The timing input's small arrays (e.g. cache lengths), for index maps that read them.
-            dist, seed = (self.config.correctness_inputs or task.correctness_inputs)[0]
             small = private / "timing_input"
             small.mkdir()
-            for name, array in zip(task.input_names, task.make_inputs(seed, dist), strict=True):
-                if np.asarray(array).nbytes <= 1 << 20:
-                    save_array(small / f"{name}.npy", array)
+            for name, array in self._small_timing_arrays(task).items():
+                save_array(small / f"{name}.npy", array)
             run = self._run_runner(private, task, "candidate" if program is not None else "reference",
                                    str(path) if program is not None else None, [], timing_input=str(small))
             failure = self._failure(run)
@@ -406,6 +405,15 @@ class Judge:
             return self.timing.read(private, data, self.chip), data.get("audit", {}).get("findings", [])
         finally:
             shutil.rmtree(private, ignore_errors=True)
+
+    def _small_timing_arrays(self, task: SeedTask) -> dict[str, np.ndarray]:
+        """The timing input's arrays of at most 1 MiB, by input name (made once per task)."""
+        with self._lock:
+            if task not in self._small_inputs:
+                dist, seed = (self.config.correctness_inputs or task.correctness_inputs)[0]
+                arrays = zip(task.input_names, task.make_inputs(seed, dist), strict=True)
+                self._small_inputs[task] = {n: a for n, a in arrays if np.asarray(a).nbytes <= 1 << 20}
+            return self._small_inputs[task]
 
     def evaluate_many(self, sources: Sequence[str], task: SeedTask, *,
                       prune_above_cycles: int | None = None) -> list[EvalResult]:
