@@ -9,35 +9,16 @@ from typing import Any
 
 import pyarrow as pa
 
-from evaluator.result import EvalResult, Metrics, Provenance
+from evaluator.result import METRIC_COLUMNS, METRIC_PAIRS, EvalResult, Metrics, Provenance
 
 from ._identity import individual_id as _individual_id
 
-_METRIC_TYPES: dict[str, pa.DataType] = {
-    "latency_s": pa.float64(),
-    "latency_ci_lo_s": pa.float64(),
-    "latency_ci_hi_s": pa.float64(),
-    "reference_latency_s": pa.float64(),
-    "speedup_vs_reference": pa.float64(),
-    "estimated_cycles": pa.int64(),
-    "reference_cycles": pa.int64(),
-    "tflops": pa.float64(),
-    "mxu_util": pa.float64(),
-    "hbm_util": pa.float64(),
-    "regime": pa.string(),
-    "roofline_latency_s": pa.float64(),
-    "vmem_bytes": pa.int64(),
-    "copy_trap": pa.bool_(),
-    "compile_time_s": pa.float64(),
-    "max_abs_error": pa.float64(),
-    "max_rel_error": pa.float64(),
-    "reference_max_abs_error": pa.float64(),
-    "sandbox_time_s": pa.float64(),
-    "lower_time_s": pa.float64(),
-    "correctness_time_s": pa.float64(),
-    "timing_time_s": pa.float64(),
-    "runner_time_s": pa.float64(),
-}
+# The metrics' columns and types come from the Metrics dataclass (evaluator/result.py): a new
+# metric is one edit there. Existing columns keep their names and types (tests/archive pins them),
+# so older archives still read; a column added later reads as nulls in older files (conform).
+_ARROW_TYPES: dict[type, pa.DataType] = {float: pa.float64(), int: pa.int64(), str: pa.string(),
+                                         bool: pa.bool_()}
+_METRIC_TYPES: dict[str, pa.DataType] = {name: _ARROW_TYPES[kind] for name, kind in METRIC_COLUMNS.items()}
 
 SCHEMA = pa.schema(
     [
@@ -71,7 +52,7 @@ COLUMNS = tuple(SCHEMA.names)
 _REQUIRED = ("run_id", "source", "status", "task_key", "generation")
 _JSON_COLUMNS = {"params": "{}", "edits": "[]", "tunables": "{}"}
 # Keys accepted besides the columns: what EvalResult.to_dict() gives and a few conveniences.
-_ACCEPTED = set(COLUMNS) | {"latency_ci_s"} | {f.name for f in dataclasses.fields(Metrics)} | {
+_ACCEPTED = set(COLUMNS) | {f.name for f in dataclasses.fields(Metrics)} | {
     f.name for f in dataclasses.fields(Provenance)}
 
 
@@ -102,10 +83,10 @@ def normalize_row(row: dict[str, Any]) -> dict[str, Any]:
     """One evaluation as a dict with exactly the archive's columns.
 
     Accepts what :func:`make_row` builds, or any dict with the column names; ``params``,
-    ``edits`` and ``tunables`` may be Python objects (JSON-encoded here); ``latency_ci_s`` may be
-    a pair (split into ``latency_ci_lo_s`` / ``latency_ci_hi_s``); ``individual_id`` defaults to
-    the hash of ``source`` and ``evaluated_at`` to now (UTC). Raises ValueError on missing or
-    unknown keys.
+    ``edits`` and ``tunables`` may be Python objects (JSON-encoded here); a pair metric such as
+    ``latency_ci_s`` may be given as a pair (split into ``latency_ci_lo_s`` / ``latency_ci_hi_s``);
+    ``individual_id`` defaults to the hash of ``source`` and ``evaluated_at`` to now (UTC). Raises
+    ValueError on missing or unknown keys.
     """
     unknown = set(row) - _ACCEPTED
     if unknown:
@@ -114,10 +95,10 @@ def normalize_row(row: dict[str, Any]) -> dict[str, Any]:
     if missing:
         raise ValueError(f"archive row lacks required field(s) {missing}")
     out: dict[str, Any] = {name: row.get(name) for name in COLUMNS}
-    ci = row.get("latency_ci_s")
-    if ci is not None:
-        lo, hi = ci
-        out["latency_ci_lo_s"], out["latency_ci_hi_s"] = float(lo), float(hi)
+    for name, (lo_column, hi_column) in METRIC_PAIRS.items():
+        if row.get(name) is not None:
+            lo, hi = row[name]
+            out[lo_column], out[hi_column] = float(lo), float(hi)
     if out["individual_id"] is None:
         out["individual_id"] = _individual_id(out["source"])
     status = out["status"]
@@ -170,10 +151,11 @@ def conform(table: pa.Table) -> pa.Table:
 
 
 def row_to_result_dict(row: dict[str, Any]) -> dict[str, Any]:
-    """A stored row with ``latency_ci_s`` rebuilt, so ``EvalResult.from_dict(row)`` works."""
+    """A stored row with its pairs (``latency_ci_s``) rebuilt, so ``EvalResult.from_dict(row)`` works."""
     out = dict(row)
-    lo, hi = out.get("latency_ci_lo_s"), out.get("latency_ci_hi_s")
-    out["latency_ci_s"] = [lo, hi] if lo is not None and hi is not None else None
+    for name, (lo_column, hi_column) in METRIC_PAIRS.items():
+        lo, hi = out.get(lo_column), out.get(hi_column)
+        out[name] = [lo, hi] if lo is not None and hi is not None else None
     return out
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import types
+import typing
 from typing import Any
 
 
@@ -60,6 +62,31 @@ class Metrics:
     runner_time_s: float | None = None                 # the trusted runner: lower, audit, compile, run
 
 
+def _flat_columns() -> tuple[dict[str, type], dict[str, tuple[str, str]]]:
+    """The metrics as flat scalar columns, derived from ``Metrics`` so that a new metric is one
+    edit: name -> Python type (float, int, str or bool) in field order, and each pair field (a
+    confidence interval) -> the two columns it is split into (``X_s`` -> ``X_lo_s``, ``X_hi_s``)."""
+    hints = typing.get_type_hints(Metrics)
+    columns: dict[str, type] = {}
+    pairs: dict[str, tuple[str, str]] = {}
+    for field in dataclasses.fields(Metrics):
+        hint = hints[field.name]
+        if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+            (hint,) = [a for a in typing.get_args(hint) if a is not type(None)]
+        if typing.get_origin(hint) is tuple:
+            (kind,) = set(typing.get_args(hint))
+            stem, unit = (field.name[:-2], "_s") if field.name.endswith("_s") else (field.name, "")
+            pairs[field.name] = (f"{stem}_lo{unit}", f"{stem}_hi{unit}")
+            columns.update(dict.fromkeys(pairs[field.name], kind))
+        else:
+            columns[field.name] = hint
+    return columns, pairs
+
+
+# Every table of metrics (the archive's columns, MLflow's metrics) is derived from these.
+METRIC_COLUMNS, METRIC_PAIRS = _flat_columns()
+
+
 @dataclasses.dataclass(frozen=True)
 class Provenance:
     """Where the figures came from. Figures of different timing sources are never compared."""
@@ -93,8 +120,9 @@ class EvalResult:
                                "stage": self.stage, "wall_time_s": self.wall_time_s}
         out.update(dataclasses.asdict(self.metrics))
         out.update(dataclasses.asdict(self.provenance))
-        if out.get("latency_ci_s") is not None:
-            out["latency_ci_s"] = list(out["latency_ci_s"])
+        for name in METRIC_PAIRS:
+            if out.get(name) is not None:
+                out[name] = list(out[name])
         out["log_tail"] = self.log_tail
         return out
 
@@ -103,8 +131,9 @@ class EvalResult:
         fields_m = {f.name for f in dataclasses.fields(Metrics)}
         fields_p = {f.name for f in dataclasses.fields(Provenance)}
         m = {k: data.get(k) for k in fields_m if k in data}
-        if m.get("latency_ci_s") is not None:
-            m["latency_ci_s"] = tuple(m["latency_ci_s"])
+        for name in METRIC_PAIRS:
+            if m.get(name) is not None:
+                m[name] = tuple(m[name])
         p = {k: data.get(k) for k in fields_p if k in data}
         return cls(status=Status(data["status"]), error=data.get("error") or "",
                    stage=data.get("stage") or "", metrics=Metrics(**m),

@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from evaluator.result import METRIC_COLUMNS
+
 from ._best_effort import BestEffort
 from ._lineage_svg import lineage_svg
 from ._notes import DIFF_ARTIFACT, NOTE_TAG, champion_note, individual_note, run_name
@@ -27,13 +29,14 @@ KIND_TAG = "pallas_evolve.kind"
 ROW_TAG = "pallas_evolve.row_key"
 PARENT_TAG = "mlflow.parentRunId"
 _MAX_PARAM = 500
-# Logged as metrics, rounded to 5 significant digits (the archive keeps the exact values). Not
+# Logged as metrics, rounded to 5 significant digits (the archive keeps the exact values): every
+# numeric metric of the archive (derived from evaluator.result.Metrics) and the wall time. Not
 # logged: max_rel_error (relative error near zero outputs says nothing; the judge compares absolute
-# error with the XLA program's own) and copy_trap (a named warning in the description instead).
-_METRIC_FIELDS = ("latency_s", "latency_ci_lo_s", "latency_ci_hi_s", "reference_latency_s",
-                  "speedup_vs_reference", "estimated_cycles", "reference_cycles", "tflops", "mxu_util",
-                  "hbm_util", "roofline_latency_s", "vmem_bytes", "compile_time_s",
-                  "max_abs_error", "reference_max_abs_error", "wall_time_s")
+# error with the XLA program's own), copy_trap (a named warning in the description instead) and
+# regime (not a number).
+_NOT_LOGGED = frozenset({"max_rel_error"})
+_METRIC_FIELDS = (*(name for name, kind in METRIC_COLUMNS.items() if kind in (int, float) and name not in _NOT_LOGGED),
+                  "wall_time_s")
 
 
 def _round(value: float) -> float:

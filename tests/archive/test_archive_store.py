@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import signal
@@ -77,6 +78,46 @@ def test_schema_is_stable_when_every_metric_is_none(tmp_path):
     assert str(df["estimated_cycles"].dtype) == "Int64" and str(df["copy_trap"].dtype) == "boolean"
     empty = Archive(tmp_path / "other").evaluations()
     assert list(empty.columns) == list(df.columns) and empty.empty
+
+
+# The metric columns as archives were first written with them: derived from Metrics now, they
+# must keep these names and types, or older archives would no longer read.
+PINNED_METRIC_COLUMNS = {
+    "latency_s": "double", "latency_ci_lo_s": "double", "latency_ci_hi_s": "double",
+    "reference_latency_s": "double", "speedup_vs_reference": "double", "estimated_cycles": "int64",
+    "reference_cycles": "int64", "tflops": "double", "mxu_util": "double", "hbm_util": "double",
+    "regime": "string", "roofline_latency_s": "double", "vmem_bytes": "int64", "copy_trap": "bool",
+    "compile_time_s": "double", "max_abs_error": "double", "max_rel_error": "double",
+    "reference_max_abs_error": "double", "sandbox_time_s": "double", "lower_time_s": "double",
+    "correctness_time_s": "double", "timing_time_s": "double", "runner_time_s": "double",
+}
+
+
+def test_metric_columns_derived_from_metrics_keep_their_names_and_types():
+    types = {f.name: str(f.type) for f in SCHEMA}
+    assert {name: types.get(name) for name in PINNED_METRIC_COLUMNS} == PINNED_METRIC_COLUMNS
+    for field in dataclasses.fields(Metrics):              # every metric has its column(s)
+        assert field.name in types or f"{field.name[:-2]}_lo_s" in types, field.name
+
+
+def test_every_metric_survives_the_archive(tmp_path):
+    values = {float: 0.25, int: 7, str: "memory-bound", bool: True}
+    from evaluator.result import METRIC_COLUMNS, METRIC_PAIRS
+
+    metrics = Metrics(**{f.name: (0.5, 0.75) if f.name in METRIC_PAIRS else values[METRIC_COLUMNS[f.name]]
+                         for f in dataclasses.fields(Metrics)})
+    archive = Archive(tmp_path)
+    archive.append([row("m = 1\n", EvalResult(Status.PASS, metrics=metrics, provenance=Provenance(chip="v5e")))])
+    hit = archive.lookup(individual_id("m = 1\n"), "attn", "v5e", None, None)
+    assert EvalResult.from_dict(hit).metrics == metrics
+
+
+def test_an_older_file_without_a_newer_metric_column_still_reads(tmp_path):
+    archive = Archive(tmp_path)
+    path = archive.append([row("x = 1\n", passed(1.5))])
+    pq.write_table(pq.read_table(path).drop_columns(["runner_time_s", "sandbox_time_s"]), path)
+    df = Archive(tmp_path).evaluations()
+    assert len(df) == 1 and pd.isna(df.iloc[0]["runner_time_s"]) and df.iloc[0]["speedup_vs_reference"] == 1.5
 
 
 def test_bad_rows_are_refused(tmp_path):

@@ -27,7 +27,8 @@ def result(speedup):
         return EvalResult(Status.FAIL_COMPILE, error="no", stage="compile")
     return EvalResult(Status.PASS, stage="timing",
                       metrics=Metrics(latency_s=1e-3 / speedup, speedup_vs_reference=speedup,
-                                      latency_ci_s=(1e-4, 2e-4), copy_trap=False, vmem_bytes=1 << 20),
+                                      latency_ci_s=(1e-4, 2e-4), copy_trap=False, vmem_bytes=1 << 20,
+                                      runner_time_s=2.5),
                       provenance=Provenance(timing_source="compiler_estimate", chip="v5e",
                                             libtpu_version="0.0.42.1"))
 
@@ -112,7 +113,8 @@ def test_fake_run_forms_a_connected_lineage(data_dir, tmp_path):
     # Honest statuses: PASS finished, anything else failed, with its error in the description.
     assert b.info.status == "FINISHED" and c.info.status == "FAILED"
     assert "FAIL_COMPILE" in c.data.tags["mlflow.note.content"] and ": no" in c.data.tags["mlflow.note.content"]
-    # Metrics that mislead are not logged.
+    # Every numeric metric is logged (the list is derived from Metrics); those that mislead are not.
+    assert b.data.metrics["runner_time_s"] == 2.5 and b.data.metrics["latency_ci_hi_s"] == 2e-4
     assert "max_rel_error" not in b.data.metrics and "copy_trap" not in b.data.metrics
     assert {f.path for f in client.list_artifacts(kids[ids["s"]].info.run_id)} == {"kernel.py"}
     assert "lineage.svg" in {f.path for f in client.list_artifacts(tracker.parent_run_id)}
