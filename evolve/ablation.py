@@ -12,7 +12,8 @@ from pathlib import Path
 
 from evaluator.judge import Judge
 from evaluator.result import EvalResult
-from mutations import Edit, all_operators, replay
+from mutations import Edit, all_operators
+from mutations._replay import replay_applicable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,15 +61,6 @@ def _prerequisite(op, seed_source: str, task) -> tuple[Edit, str] | None:
     return None
 
 
-def _replay_all(seed_source: str, edits: list[Edit], task) -> tuple[str, tuple[Edit, ...]]:
-    source, kept = seed_source, []
-    for edit in edits:
-        r = replay(source, [edit], task)
-        if r.applied and r.source != source:
-            source, kept = r.source, kept + [edit]
-    return source, tuple(kept)
-
-
 def _block_choices(seed_source: str, task) -> list[tuple[tuple[str, int], ...]]:
     """The block sizes the grid tries, largest first: for a seed with BLOCK_Q and BLOCK_KV the
     pairs of GRID_BLOCKS that are legal; for any other seed, the largest few legal values of each
@@ -105,10 +97,10 @@ def _grid(judge: Judge, seed_source: str, task, singles: dict[str, list[Entry]],
                 edits = ([hc] if hc else []) + fixed + ([vmem] if vmem else []) + [
                     Edit("block_sizes", {"tunable": name, "value": value}) for name, value in blocks
                 ] + ([strip[1]] if strip else [])
-                source, kept = _replay_all(seed_source, edits, task)
+                source, kept = replay_applicable(seed_source, edits, task)
                 if source not in seen:
                     seen.add(source)
-                    candidates.append(Entry("all operators together", kept, source))
+                    candidates.append(Entry("all operators together", tuple(kept), source))
     judged: list[Entry] = []
     workers = judge.config.workers
     for start in range(0, len(candidates), workers):
@@ -133,9 +125,9 @@ def drop_what_does_not_pay(judge: Judge, seed_source: str, task, best: Entry) ->
         for i, edit in enumerate(best.edits):
             if edit.op == "block_sizes":
                 continue
-            source, kept = _replay_all(seed_source, [*best.edits[:i], *best.edits[i + 1:]], task)
+            source, kept = replay_applicable(seed_source, [*best.edits[:i], *best.edits[i + 1:]], task)
             if source != best.source and source not in {v.source for _, v in variants}:
-                variants.append((edit, Entry(best.label, kept, source)))
+                variants.append((edit, Entry(best.label, tuple(kept), source)))
         if not variants:
             break
         results = judge.evaluate_many([v.source for _, v in variants], task)

@@ -7,7 +7,8 @@ import random
 from typing import Any
 
 from evolve.individual import Individual
-from mutations import Edit, all_operators, replay
+from mutations import Edit, all_operators
+from mutations._replay import replay_applicable
 
 
 def _pick(operators: list, weights: dict[str, float] | None, rng: random.Random):
@@ -92,13 +93,7 @@ def crossover(a: Individual, b: Individual, seed_source: str, task: Any, rng: ra
     apply are dropped. The child records both parents."""
     cut_a = rng.randint(0, len(a.edits))
     cut_b = rng.randint(0, len(b.edits))
-    proposal = a.edits[:cut_a] + b.edits[cut_b:]
-    source, kept = seed_source, []
-    for edit in proposal:
-        result = replay(source, [Edit.from_dict(edit)], task)
-        if result.applied and result.source != source:
-            source = result.source
-            kept.append(edit)
+    source, kept = replay_applicable(seed_source, a.edits[:cut_a] + b.edits[cut_b:], task)
     if source in (a.source, b.source) or not kept:
         return None
     return Individual(source, edits=kept, parent_ids=(a.id, b.id), operator="crossover",

@@ -1,4 +1,4 @@
-"""Replay an edit history onto a seed: what crossover recombines."""
+"""Replay an edit history onto a seed: what crossover recombines and the ablation shortens."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ from typing import Any
 
 from ._base import Edit, MutationResult
 
+EditLike = Edit | dict[str, Any]
 
-def replay(seed_source: str, edits: Iterable[Edit | dict[str, Any]], task: Any) -> MutationResult:
+
+def replay(seed_source: str, edits: Iterable[EditLike], task: Any) -> MutationResult:
     """Apply ``edits`` in order to ``seed_source``. Never raises.
 
     Returns the first edit that does not apply (status ``not_applicable`` or ``failed``, with the
@@ -32,3 +34,18 @@ def replay(seed_source: str, edits: Iterable[Edit | dict[str, Any]], task: Any) 
                                   f"edit {step} ({edit.op} {edit.params}): {result.reason}")
         source, last, count = result.source, edit, count + 1
     return MutationResult("applied", source, last, f"replayed {count} edit(s)")
+
+
+def replay_applicable(seed_source: str, edits: Iterable[EditLike], task: Any) -> tuple[str, list[EditLike]]:
+    """Apply ``edits`` in order to ``seed_source``, dropping each that does not apply or changes
+    nothing, and go on with the rest. Never raises.
+
+    Returns the final source and the edits kept, as given (``Edit`` or dict): a recombined or
+    shortened history whose edits all did something, so it replays with :func:`replay`.
+    """
+    source, kept = seed_source, []
+    for edit in edits:
+        result = replay(source, [edit], task)
+        if result.applied and result.source != source:
+            source, kept = result.source, kept + [edit]
+    return source, kept

@@ -45,8 +45,9 @@ def test_leave_one_out_drops_exactly_the_edits_that_do_not_pay():
     import dataclasses
 
     from evaluator.result import EvalResult, Metrics, Status
-    from evolve.ablation import Entry, _replay_all, drop_what_does_not_pay
+    from evolve.ablation import Entry, drop_what_does_not_pay
     from mutations import Edit
+    from mutations._replay import replay_applicable
     from seeds.flash_attention.task import AttentionTask
     from tests.mutations.kernel_check import seed_source
 
@@ -69,11 +70,11 @@ def test_leave_one_out_drops_exactly_the_edits_that_do_not_pay():
         for j in range(i, len(chain)):
             for k in range(j, len(chain) + 1):
                 for subset in ([e for n, e in enumerate(chain) if n not in (i, j, k)],):
-                    source, kept = _replay_all(seed_source(), subset, task)
+                    source, kept = replay_applicable(seed_source(), subset, task)
                     by_source[source] = kept
-    source, kept = _replay_all(seed_source(), chain, task)
+    source, kept = replay_applicable(seed_source(), chain, task)
     by_source[source] = kept
-    start = Entry("grid", kept, source, StandIn().score(source))
+    start = Entry("grid", tuple(kept), source, StandIn().score(source))
     best, dropped = drop_what_does_not_pay(StandIn(), seed_source(), task, start)
     assert sorted(dropped) == ["compact_scratch", "vmem_limit"]
     assert [e.op for e in best.edits] == ["causal_skip", "deferred_norm", "block_sizes"]

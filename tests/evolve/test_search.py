@@ -145,3 +145,16 @@ def test_no_worker_waits_for_a_straggler():
     before = log[:log.index(("end", 4, straggler))]
     assert generation[straggler] == 1
     assert any(kind == "end" and generation[i] == 2 for kind, _, i in before), before
+
+
+def test_replaying_a_recombined_history_drops_the_edits_that_do_nothing():
+    from mutations._replay import replay_applicable
+
+    edits = [{"op": "block_sizes", "params": {"tunable": "BLOCK_Q", "value": 256}},
+             {"op": "no_such_operator", "params": {}},                              # unknown: dropped
+             {"op": "block_sizes", "params": {"tunable": "BLOCK_Q", "value": 256}},  # no change: dropped
+             {"op": "block_sizes", "params": {"tunable": "BLOCK_KV", "value": 512}}]
+    source, kept = replay_applicable(SEED.source, edits, TASK)
+    assert kept == [edits[0], edits[3]]
+    assert read_tunables(source) == {"BLOCK_Q": 256, "BLOCK_KV": 512}
+    assert replay(SEED.source, kept, TASK).source == source
