@@ -33,7 +33,8 @@ from ._schema import conform, empty_table, row_to_result_dict, rows_to_table
 DEFAULT_DATA_DIR = Path(os.environ.get("PALLAS_EVOLVE_DATA_DIR") or "evolve_data")
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _PANDAS_TYPES = {pa.int64(): pd.Int64Dtype(), pa.bool_(): pd.BooleanDtype()}
-_GEN_COLUMNS = ["run_id", "generation", "population_ids", "hall_of_fame_ids", "rng_state", "written_at"]
+# Older records also hold an "rng_state" nobody read (a run replays from its RNG seed): ignored.
+_GEN_COLUMNS = ["run_id", "generation", "population_ids", "hall_of_fame_ids", "stats", "written_at"]
 
 
 def _check_run_id(run_id: str) -> str:
@@ -323,17 +324,19 @@ class Archive:
                       if not p.name.startswith(_fs.TEMP_PREFIX))
 
     def append_generation(self, run_id: str, generation: int, population_ids: list[str],
-                          hall_of_fame_ids: list[str], rng_state: str) -> Path:
-        """Store the search state after ``generation`` (a new file; nothing is overwritten)."""
+                          hall_of_fame_ids: list[str], stats: dict[str, Any] | None = None) -> Path:
+        """Store the search state after ``generation`` and its statistics (the search's logbook
+        record), as a new file; nothing is overwritten."""
         generation = int(generation)
         path = self.runs_dir / _check_run_id(run_id) / f"gen-{generation:06d}-{uuid.uuid4().hex}.json"
         return self._write_json(path, {
             "run_id": run_id, "generation": generation, "population_ids": list(population_ids),
-            "hall_of_fame_ids": list(hall_of_fame_ids), "rng_state": rng_state,
+            "hall_of_fame_ids": list(hall_of_fame_ids), "stats": dict(stats or {}),
             "written_at": dt.datetime.now(dt.UTC).isoformat()})
 
     def generations(self, run_id: str) -> pd.DataFrame:
-        """One row per generation stored for the run (the latest record if written twice)."""
+        """One row per generation stored for the run (the latest record if written twice);
+        ``stats`` is empty for records older than the statistics."""
         directory = self.runs_dir / _check_run_id(run_id)
         records = []
         if directory.is_dir():
@@ -342,6 +345,7 @@ class Archive:
         df = pd.DataFrame(records, columns=_GEN_COLUMNS)
         if df.empty:
             return df.astype({"generation": "int64"})
-        df["written_at"] = pd.to_datetime(df["written_at"], utc=True)
+        df["written_at"] = pd.to_datetime(df["written_at"], utc=True, format="ISO8601")
+        df["stats"] = [s if isinstance(s, dict) else {} for s in df["stats"]]
         df = df.sort_values(["generation", "written_at"]).drop_duplicates("generation", keep="last")
         return df.reset_index(drop=True)

@@ -68,7 +68,6 @@ class Limits:
     file_bytes: int = 256 << 20        # RLIMIT_FSIZE: largest file the child may write
     open_files: int = 1024             # RLIMIT_NOFILE
     max_output_bytes: int = 64 << 10   # stdout+stderr kept (half head, half tail)
-    kill_grace_s: float = 0.0          # SIGKILL at once: native code ignores politer signals
 
     def __post_init__(self) -> None:
         if self.memory_bytes < (1 << 30):

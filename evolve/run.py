@@ -12,7 +12,6 @@ import dataclasses
 import datetime as dt
 import os
 import secrets
-import statistics
 import sys
 import threading
 import time
@@ -26,7 +25,7 @@ from evaluator.versions import versions
 from evolve.config import RunConfig
 from evolve.individual import Individual
 from evolve.executor import make_executor
-from evolve.search import Search, item_rng
+from evolve.search import Search
 from evolve.strategies import strategy_class
 from mlflow_runs import Tracker, ensure_store
 from mutations import read_tunables
@@ -145,14 +144,12 @@ class EvolutionRun:
         return self.search
 
     def on_generation(self, generation: int, pool: list[Individual], search: Search) -> None:
+        """The generation's logbook record (evolve/search.py), stored with the search state and
+        logged on the evolution run: one source for both, and for ``evolve sync``."""
+        stats = dict(search.logbook[-1])
         self.archive.append_generation(self.run_id, generation, [i.id for i in pool],
-                                       [i.id for i in search.hof],
-                                       item_rng(self.config.search.rng_seed, len(search.taken)))
-        stats = search.logbook[-1]
-        passed = [i.speedup for i in pool if i.passed]
-        self.tracker.log_generation(generation, max(passed) if passed else None,
-                                    statistics.median(passed) if passed else None,
-                                    stats["pass_rate"], self.progress.done)
+                                       [i.id for i in search.hof], stats)
+        self.tracker.log_generation_stats(generation, stats)
 
     # ---- run and resume -----------------------------------------------------------------------
     def _meta(self, status: str) -> dict[str, Any]:

@@ -17,9 +17,8 @@ def _pick(operators: list, weights: dict[str, float] | None, rng: random.Random)
     return rng.choices(operators, weights=w, k=1)[0]
 
 
-def mutate(parent: Individual, seed_source: str, task: Any, rng: random.Random,
-           generation: int, max_chain: int = 1, weights: dict[str, float] | None = None
-           ) -> Individual | None:
+def mutate(parent: Individual, task: Any, rng: random.Random, generation: int, max_chain: int = 1,
+           weights: dict[str, float] | None = None) -> Individual | None:
     """Apply a chain of 1..``max_chain`` operators (how many drawn from ``rng``), each chosen
     among those that apply, with probability by ``weights`` (what has paid so far), and with
     parameters from ``rng``. A chain changes several knobs in one move."""
@@ -75,7 +74,7 @@ def block_shapes(seed: Individual, task: Any, rng: random.Random, count: int, ge
         if max_chain > 1 and rng.random() < chained:
             fewest = min(used.values())       # operators used least so far are drawn first
             weights = {name: 1.0 if n == fewest else 0.02 for name, n in used.items()} | {"block_sizes": 0.02}
-            more = mutate(child, seed.source, task, rng, generation, max_chain=max_chain - 1, weights=weights)
+            more = mutate(child, task, rng, generation, max_chain=max_chain - 1, weights=weights)
             if more is not None:
                 chain = edits + [Edit.from_dict(e) for e in more.edits[len(edits):]]
                 for e in chain[len(edits):]:

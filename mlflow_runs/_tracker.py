@@ -29,6 +29,10 @@ KIND_TAG = "pallas_evolve.kind"
 ROW_TAG = "pallas_evolve.row_key"
 PARENT_TAG = "mlflow.parentRunId"
 _MAX_PARAM = 500
+# The search's per-generation statistics (its DEAP logbook record, evolve/search.py; stored in
+# the archive's generation records) -> the evolution run's metric names.
+GENERATION_METRICS = {"best": "best_speedup", "median": "median_speedup", "pass_rate": "fraction_valid",
+                      "evals": "evaluations"}
 # Logged as metrics, rounded to 5 significant digits (the archive keeps the exact values): every
 # numeric metric of the archive (derived from evaluator.result.Metrics) and the wall time. Not
 # logged: max_rel_error (relative error near zero outputs says nothing; the judge compares absolute
@@ -175,6 +179,10 @@ class Tracker:
         if metrics:
             self._call("log_batch", self.parent_run_id, metrics=metrics)
 
+    def log_generation_stats(self, generation: int, stats: dict[str, Any]) -> None:
+        """A generation's logbook record (keys of GENERATION_METRICS) as its metrics."""
+        self.log_generation(generation, *(stats.get(key) for key in GENERATION_METRICS))
+
     def _parent_run_ids(self, parent_ids: list[str]) -> list[str]:
         out = []
         for pid in parent_ids:
@@ -306,6 +314,17 @@ class Tracker:
                 break
         return out
 
+    @staticmethod
+    def _generation_stats(run_id: str, archive) -> dict[int, dict[str, Any]]:
+        """generation -> the statistics the run recorded for it (none for older records)."""
+        from archive import ArchiveError
+
+        try:
+            records = archive.generations(run_id)
+        except ArchiveError:
+            return {}
+        return {int(g): stats for g, stats in zip(records["generation"], records["stats"], strict=True) if stats}
+
     def sync(self, run_id: str, archive) -> dict[str, int]:
         """Rebuild the MLflow side of ``run_id`` from ``archive``; rows already logged are skipped.
 
@@ -339,13 +358,19 @@ class Tracker:
             history = self._call("get_metric_history", self.parent_run_id, "evaluations") or []
             steps = {m.step for m in history}
         generations = 0
-        for generation, group in rows.groupby("generation", sort=True):
-            if int(generation) in steps:
+        recorded = self._generation_stats(run_id, archive)
+        by_generation = {int(g): group for g, group in rows.groupby("generation", sort=True)}
+        for generation in sorted(set(recorded) | set(by_generation)):
+            if generation in steps:
                 continue
-            speedups = group.loc[group["status"] == "PASS", "speedup_vs_reference"].dropna()
-            self.log_generation(int(generation), speedups.max() if len(speedups) else None,
-                                speedups.median() if len(speedups) else None,
-                                float((group["status"] == "PASS").mean()), len(group))
+            if generation in recorded:
+                self.log_generation_stats(generation, recorded[generation])
+            else:   # a run older than its generation records' statistics: from its rows
+                group = by_generation[generation]
+                speedups = group.loc[group["status"] == "PASS", "speedup_vs_reference"].dropna()
+                self.log_generation(generation, speedups.max() if len(speedups) else None,
+                                    speedups.median() if len(speedups) else None,
+                                    float((group["status"] == "PASS").mean()), len(group))
             generations += 1
         if meta.get("champion_id"):
             from archive import edit_label

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 import os
 import signal
 import subprocess
@@ -202,12 +203,26 @@ def test_runs_and_run_records(tmp_path):
 def test_generation_records_for_resume(tmp_path):
     archive = Archive(tmp_path)
     assert archive.generations("r1").empty
-    archive.append_generation("r1", 0, ["a", "b"], ["a"], "state0")
-    archive.append_generation("r1", 1, ["c", "d"], ["c"], "state1")
-    archive.append_generation("r1", 1, ["e", "f"], ["e"], "state1b")   # rewritten after a resume
+    archive.append_generation("r1", 0, ["a", "b"], ["a"], {"gen": 0, "best": 1.0})
+    archive.append_generation("r1", 1, ["c", "d"], ["c"], {"gen": 1, "best": 1.5})
+    archive.append_generation("r1", 1, ["e", "f"], ["e"], {"gen": 1, "best": 1.7})   # rewritten after a resume
     gens = archive.generations("r1")
     assert list(gens["generation"]) == [0, 1]
-    assert gens.iloc[1]["population_ids"] == ["e", "f"] and gens.iloc[1]["rng_state"] == "state1b"
+    assert gens.iloc[1]["population_ids"] == ["e", "f"] and gens.iloc[1]["stats"] == {"gen": 1, "best": 1.7}
+    assert "rng_state" not in gens.columns
+
+
+def test_older_generation_records_with_an_rng_state_and_no_stats_still_read(tmp_path):
+    archive = Archive(tmp_path)
+    directory = tmp_path / "runs" / "r1"
+    directory.mkdir(parents=True)
+    (directory / "gen-000000-old.json").write_text(json.dumps({
+        "run_id": "r1", "generation": 0, "population_ids": ["a"], "hall_of_fame_ids": ["a"],
+        "rng_state": "pallas-evolve:0:item:1", "written_at": T0.isoformat()}))
+    archive.append_generation("r1", 1, ["b"], ["b"], {"gen": 1})
+    gens = archive.generations("r1")
+    assert list(gens["generation"]) == [0, 1] and list(gens["stats"]) == [{}, {"gen": 1}]
+    assert list(gens["population_ids"]) == [["a"], ["b"]] and "rng_state" not in gens.columns
 
 
 # ---- crash safety -----------------------------------------------------------------------------------

@@ -46,7 +46,7 @@ def _with_blocks(q: int, kv: int) -> Individual:
 
 def test_a_mutation_can_change_several_knobs_and_replays_from_the_seed():
     rng = random.Random(3)
-    children = [mutate(SEED, SEED.source, TASK, rng, 1, max_chain=3) for _ in range(12)]
+    children = [mutate(SEED, TASK, rng, 1, max_chain=3) for _ in range(12)]
     assert any(len(c.edits) > 1 for c in children) and all(1 <= len(c.edits) <= 3 for c in children)
     for c in children:
         assert replay(SEED.source, c.edits, TASK).source == c.source
@@ -56,7 +56,7 @@ def test_a_mutation_can_change_several_knobs_and_replays_from_the_seed():
 def test_operators_are_drawn_by_their_weights():
     rng = random.Random(0)
     weights = {name: 1e-9 for name in operator_names()} | {"causal_skip": 1.0}
-    ops = {mutate(SEED, SEED.source, TASK, rng, 1, max_chain=1, weights=weights).operator for _ in range(10)}
+    ops = {mutate(SEED, TASK, rng, 1, max_chain=1, weights=weights).operator for _ in range(10)}
     assert ops == {"causal_skip"}
 
 
@@ -145,6 +145,37 @@ def test_no_worker_waits_for_a_straggler():
     before = log[:log.index(("end", 4, straggler))]
     assert generation[straggler] == 1
     assert any(kind == "end" and generation[i] == 2 for kind, _, i in before), before
+
+
+def test_the_logbook_has_the_generation_figures_of_the_kernels_that_passed():
+    from evolve.search import make_statistics
+
+    pool = [_judged(_with_blocks(256, 256), Status.PASS, 900_000, 1.0),
+            _judged(_with_blocks(512, 512), Status.PASS, 400_000, 2.0),
+            _judged(_with_blocks(1024, 1024), Status.PASS, 300_000, 4.0),
+            _judged(_with_blocks(2048, 2048), Status.FAIL_VMEM, None, None)]
+    assert make_statistics().compile(pool) == {"best": 4.0, "median": 2.0, "pass_rate": 0.75}
+    assert make_statistics().compile(pool[3:]) == {"best": None, "median": None, "pass_rate": 0.0}
+
+
+def test_a_closed_generation_is_archived_and_logged_from_its_logbook_record(tmp_path):
+    """EvolutionRun.on_generation: the search's logbook record is the one source of the
+    archive's generation record and of the MLflow metrics."""
+    from types import SimpleNamespace
+
+    from archive import Archive
+    from evolve.run import EvolutionRun
+
+    s, champion, _, _ = _steady_run({})
+    logged = []
+    run = SimpleNamespace(run_id="r1", archive=Archive(tmp_path),
+                          tracker=SimpleNamespace(log_generation_stats=lambda g, stats: logged.append((g, stats))))
+    EvolutionRun.on_generation(run, 3, s.pool(), s)
+    record = dict(s.logbook[-1])
+    assert record["gen"] == 3 and record["best"] == champion.speedup and record["evals"] == len(s.taken)
+    assert logged == [(3, record)]
+    stored = run.archive.generations("r1").iloc[0]
+    assert stored["stats"] == record and stored["hall_of_fame_ids"] == [i.id for i in s.hof]
 
 
 def test_replaying_a_recombined_history_drops_the_edits_that_do_nothing():

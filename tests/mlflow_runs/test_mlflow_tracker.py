@@ -194,6 +194,31 @@ def test_sync_rebuilds_the_mlflow_side_from_the_archive(data_dir):
     assert [m.step for m in client.get_metric_history(parent.info.run_id, "evaluations")] == [0, 1, 2]
 
 
+
+def test_sync_logs_the_statistics_the_run_recorded_per_generation(data_dir):
+    """A run's generation records hold its logbook's statistics: sync logs those; a generation
+    without them (an older record, or none) gets figures from its rows."""
+    rows, _, ids = fake_rows("run-gens")
+    archive = Archive(data_dir)
+    archive.append(rows)
+    archive.write_run_meta("run-gens", {"task_key": TASK, "config": {}, "status": "finished"})
+    archive.append_generation("run-gens", 0, [ids["s"]], [ids["s"]])        # no statistics
+    archive.append_generation("run-gens", 1, [ids["s"], ids["a"]], [ids["a"]],
+                              {"gen": 1, "evals": 2, "best": 1.3, "median": 1.15, "pass_rate": 1.0})
+    archive.append_generation("run-gens", 2, [ids["a"], ids["b"], ids["c"]], [ids["b"]],
+                              {"gen": 2, "evals": 4, "best": 1.7, "median": 1.5, "pass_rate": 2 / 3})
+    tracker = Tracker(data_dir)
+    assert tracker.sync("run-gens", archive)["generations"] == 3
+    client = MlflowClient(tracking_uri_for(data_dir))
+
+    def history(name):
+        return [(m.step, m.value) for m in client.get_metric_history(tracker.parent_run_id, name)]
+
+    assert history("evaluations") == [(0, 1), (1, 2), (2, 4)]        # generation 0 from its one row
+    assert history("median_speedup") == [(0, 1.0), (1, 1.15), (2, 1.5)]
+    assert history("fraction_valid") == [(0, 1.0), (1, 1.0), (2, 0.66667)]
+
+
 WORKER = textwrap.dedent("""
     import json, sys, logging
     sys.path.insert(0, {root!r})
