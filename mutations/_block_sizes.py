@@ -53,7 +53,7 @@ class BlockSizes(Operator):
         ints = module_ints(module)
         if name not in ints:
             raise NotApplicable(f"the source has no tunable {name!r}")
-        if not isinstance(value, int) or value not in legal_values(name, task):
+        if not isinstance(value, int) or isinstance(value, bool) or value not in legal_values(name, task):
             raise NotApplicable(f"{name}={value!r} is not legal at {task.key}: "
                                 f"legal values are {legal_values(name, task)}")
         return set_tunable(module, name, str(value))

@@ -121,7 +121,7 @@ class SplitKV(Operator):
 
     def _rewrite(self, module, task, params) -> cst.Module:
         splits = params.get("splits")
-        if splits not in (task.legal_values(TUNABLE) or []):
+        if isinstance(splits, bool) or splits not in (task.legal_values(TUNABLE) or []):
             raise NotApplicable(f"splits={splits!r} is not legal: {task.legal_values(TUNABLE)}")
         module = self._kernel(module)
         module = self._wrapper(module)
