@@ -21,6 +21,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
+import hashlib
+import inspect
 import glob
 import json
 import os
@@ -170,6 +173,16 @@ def classify_error(stage: str, kind: str, message: str) -> Status:
             "correctness": Status.FAIL_CORRECTNESS, "timing": Status.CRASH}.get(stage, Status.CRASH)
 
 
+@functools.cache
+def _code_digest(task_class: type) -> str:
+    """A short hash of the source file that defines ``task_class`` (its reference program)."""
+    try:
+        path = inspect.getsourcefile(task_class)
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16] if path else "unknown"
+    except (OSError, TypeError):
+        return "unknown"
+
+
 class Judge:
     """Evaluates kernel sources for one chip and timing source. Thread-safe; reuse it."""
 
@@ -290,8 +303,12 @@ class Judge:
         return sets
 
     def _reference_key(self, task: SeedTask) -> str:
+        """What a stored reference timing depends on: the task, the chip, the timing source, the
+        versions, and the task's own code (a changed reference program is timed again)."""
         source = self.timing.label or self.timing.name
-        return f"{task.key}|{self.chip.name}|{source}|libtpu={versions()['libtpu_version']}"
+        v = versions()
+        return (f"{task.key}|{self.chip.name}|{source}|libtpu={v['libtpu_version']}|jax={v['jax_version']}"
+                f"|task={_code_digest(type(task))}")
 
     def reference_timing(self, task: SeedTask) -> Timing:
         """The task's plain XLA program, compiled for the same chip, timed by the same source."""

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -97,3 +100,27 @@ def test_a_cached_reference_is_checked_before_it_is_trusted(tmp_path, capsys):
     os.chmod(cache, 0o666)
     assert judge._cached_reference(TINY) is None
     assert "writable by others" in capsys.readouterr().err
+
+
+def test_a_reference_is_keyed_by_the_code_of_its_task(tmp_path):
+    """A task whose reference program changed (another source file) gets another cache key, so a
+    stored timing of the old program is never reused for the new one."""
+    import importlib.util
+    import inspect
+
+    judge = Judge(JudgeConfig(cache_dir=str(tmp_path)))
+    module_file = Path(inspect.getsourcefile(type(TINY)))
+    copy = tmp_path / "edited_task.py"
+    copy.write_text(module_file.read_text() + "\n# the reference program changed\n")
+    spec = importlib.util.spec_from_file_location("edited_task", copy)
+    edited = importlib.util.module_from_spec(spec)
+    sys.modules["edited_task"] = edited          # a dataclass module must be importable by name
+    try:
+        spec.loader.exec_module(edited)
+    finally:
+        del sys.modules["edited_task"]
+    twin = getattr(edited, type(TINY).__name__)(**{f.name: getattr(TINY, f.name)
+                                                    for f in dataclasses.fields(TINY)})
+    assert twin.key == TINY.key
+    assert judge._reference_key(twin) != judge._reference_key(TINY)
+    assert judge._reference_key(TINY) == Judge(JudgeConfig(cache_dir=str(tmp_path)))._reference_key(TINY)

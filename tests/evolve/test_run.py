@@ -202,7 +202,7 @@ def test_promote_round_trips_through_the_model_registry(small_run, tmp_path):
     assert f"promoted from run {run_id}" in text and "compiler_estimate" in text and "libtpu" in text
     # The seed's docstring is gone; the header says what shapes it takes and how to call it.
     assert "naive starting candidate" not in text
-    assert "force_tpu_interpret_mode" in text and "Shapes it accepts" in text and "fa_test@champion" in text
+    assert "force_tpu_interpret_mode" in text and "The inputs it was judged on" in text and "fa_test@champion" in text
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{data / 'mlflow.db'}"
