@@ -174,9 +174,16 @@ class Archive:
         Each individual is represented by its first evaluation (the one that records how it
         was made). Columns added: ``depth`` (0 for the individual, 1 for its parents...) and
         ``first_parent_chain`` (True on the line individual -> first parent -> ... -> seed).
-        Empty if the individual is not in the archive.
+        Empty if the individual is not in the archive. An individual's id is its source's hash,
+        so the same kernel can stand in several runs (of other tasks too): without ``run_id``
+        the ancestry is read in the latest run that evaluated it, never mixed across runs.
         """
         df = self.evaluations(run_id)
+        if run_id is None and not df.empty:
+            mine = df[df["individual_id"] == individual_id]
+            if not mine.empty:
+                latest = mine.sort_values("evaluated_at").iloc[-1]["run_id"]
+                df = df[df["run_id"] == latest]
         first = df.drop_duplicates("individual_id", keep="first").set_index("individual_id", drop=False)
         order: list[tuple[str, int]] = []
         seen: set[str] = set()

@@ -364,13 +364,21 @@ class LineageCommand(Command):
                                  "--tree; with --format json only when given)")
         parser.add_argument("--tree", action="store_true",
                             help="draw the individual's whole run as a family tree, its path from the seed in red")
+        parser.add_argument("--run", default=None,
+                            help="the run to read the lineage in, when the same kernel stands in several "
+                                 "(default: the latest run that evaluated it)")
 
     def take_action(self, args: argparse.Namespace) -> int:
         from evolve.run import lineage_rows
 
         archive = _archive(args.data_dir)
         args.id = resolve_id(archive, args.id, args.data_dir)
-        chain = lineage_rows(archive, None, args.id)
+        if args.run is not None:
+            _meta(archive, args.run)
+        chain = lineage_rows(archive, args.run, args.id)
+        if not chain:
+            raise UsageError(f"individual {args.id} is not in run {args.run}; "
+                             f"'evolve status {args.run} --ids' lists its individuals")
         run_id = str(chain[-1]["run_id"])
         if args.format == "json":
             picture = self.draw(archive, args, chain, run_id) if args.out else None

@@ -156,6 +156,20 @@ def test_ancestry_follows_all_parents_back_to_the_seed(tmp_path):
     assert len(archive.ancestry(ids[0])) == 1
 
 
+def test_a_kernel_in_two_runs_has_its_ancestry_read_in_one_run(tmp_path):
+    """The same source (so the same id) judged in another run, of another task, where it failed:
+    the ancestry is read in one run only, the latest unless a run is named."""
+    archive, ids = lineage_archive(tmp_path)
+    archive.append([row("v = 0\n", EvalResult(Status.FAIL_TIMING), run_id="r2", minutes=10, op="seed"),
+                    row("v = 3\n", passed(9.0), run_id="r2", generation=1, parents=[ids[0]], minutes=11,
+                        op="tile")])
+    latest = archive.lineage(ids[3])
+    assert [r["run_id"] for r in latest] == ["r2", "r2"]
+    assert [r["status"] for r in latest] == ["FAIL_TIMING", "PASS"]
+    first = archive.lineage(ids[3], run_id="r1")
+    assert {r["run_id"] for r in first} == {"r1"} and first[0]["status"] == "PASS" and len(first) == 3
+
+
 def test_best_per_task_chip_and_timing_source(tmp_path):
     archive, ids = lineage_archive(tmp_path)
     archive.append([row("est = 1\n", passed(9.0, timing_source="compiler_estimate"), minutes=5),
