@@ -424,12 +424,11 @@ class Judge:
             shutil.rmtree(private, ignore_errors=True)
 
     def _small_timing_arrays(self, task: SeedTask) -> dict[str, np.ndarray]:
-        """The timing input's arrays of at most 1 MiB, by input name (made once per task)."""
+        """The timing input's small arrays, by input name (made once per task)."""
         with self._lock:
             if task not in self._small_inputs:
                 dist, seed = (self.config.correctness_inputs or task.correctness_inputs)[0]
-                arrays = zip(task.input_names, task.make_inputs(seed, dist), strict=True)
-                self._small_inputs[task] = {n: a for n, a in arrays if np.asarray(a).nbytes <= 1 << 20}
+                self._small_inputs[task] = task.small_inputs(seed, dist)
             return self._small_inputs[task]
 
     def evaluate_many(self, sources: Sequence[str], task: SeedTask, *,

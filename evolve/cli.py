@@ -13,7 +13,8 @@ from evolve.errors import UsageError
 
 # Modules that contribute commands through their COMMANDS tuple.
 COMMAND_MODULES = ("evolve.cli_eval", "evolve.cli_mutations", "evolve.cli_run", "evolve.cli_ablate",
-                   "evolve.cli_bench", "evolve.cli_seeds")
+                   "evolve.cli_bench", "evolve.cli_seeds",
+                   "evolve.cli_decode_bench")
 
 
 class _Parser(argparse.ArgumentParser):

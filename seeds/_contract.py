@@ -113,6 +113,16 @@ class SeedTask:
         task does not know the tunable (operators then leave it alone)."""
         return None
 
+    SMALL_INPUT_BYTES = 1 << 20
+
+    def small_inputs(self, seed: int, distribution: str) -> dict[str, np.ndarray]:
+        """Inputs of at most SMALL_INPUT_BYTES, by name: what an index map may read (e.g. cache
+        lengths) when the estimate's HBM traffic is counted; every small integer input must be
+        among them. By default made with make_inputs; a task whose inputs are large overrides it
+        to make only those."""
+        arrays = zip(self.input_names, self.make_inputs(seed, distribution), strict=True)
+        return {n: a for n, a in arrays if np.asarray(a).nbytes <= self.SMALL_INPUT_BYTES}
+
     def example_task(self, tunables: dict[str, int]) -> SeedTask | None:
         """A small float32 problem of the same kind that a kernel with these tunables accepts
         (the registered model's input example), or None for no example."""

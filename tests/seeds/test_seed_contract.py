@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "seed_axpy"
 SEEDS = [*builtin_seeds(), str(EXAMPLE)]
 # A small problem of each seed, for the checks that run its reference.
-SMALL = {"flash_attention": "B=1,H=2,N=256,D=128", "axpy": "M=64,N=256"}
+SMALL = {"flash_attention": "B=1,H=2,N=256,D=128", "flash_decoding": "B=2,H=4,HKV=2,N=256,D=128,T=1",
+         "axpy": "M=64,N=256"}
 
 
 def _small(seed):
@@ -46,6 +47,13 @@ def test_every_seed_meets_the_contract(name):
         assert [(a.shape, str(a.dtype)) for a in inputs] == [(tuple(s), d) for s, d in small.input_specs()]
         again = small.make_inputs(0, distribution)
         assert all(np.array_equal(a, b) for a, b in zip(inputs, again))        # seeded
+        # What the estimate's traffic count reads (index maps read integer inputs): the same values
+        # as the full inputs, and every small integer input among them.
+        small_ones = small.small_inputs(0, distribution)
+        by_name = dict(zip(small.input_names, inputs, strict=True))
+        assert all(np.array_equal(a, by_name[n]) for n, a in small_ones.items())
+        assert {n for n, a in by_name.items() if a.dtype.kind in "iu" and a.nbytes <= small.SMALL_INPUT_BYTES} \
+            <= small_ones.keys()
     truth = small.reference(*inputs)
     assert truth.dtype == np.float32 and np.isfinite(truth).all()
 

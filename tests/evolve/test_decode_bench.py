@@ -1,0 +1,75 @@
+"""`evolve decode-bench` at one small size: every row's figures follow from its latency, the best
+chain of an ablation is replayed and timed beside the seed and the XLA reference; bad input is a
+one-line error."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from evolve.decode_bench import PRICES, best_chain, sized_task
+from evolve.errors import UsageError
+from seeds import load_seed
+from tests.evolve.test_run import evolve
+
+SHAPE = "B=8,H=8,HKV=8,N=2048,D=128,T=1"
+
+
+def test_a_small_decode_bench_reports_each_kernel_with_figures_that_follow_from_its_latency(tmp_path):
+    ablation = tmp_path / "ablate.json"
+    ablation.write_text(json.dumps([
+        {"label": "seed", "edits": [], "status": "PASS", "speedup_vs_reference": 1.0},
+        {"label": "seed + block_sizes", "status": "PASS", "speedup_vs_reference": 2.0,
+         "edits": [{"op": "block_sizes", "params": {"tunable": "BLOCK_KV", "value": 2048}}]},
+        {"label": "seed + length_skip", "status": "FAIL_TIMING", "speedup_vs_reference": None,
+         "edits": [{"op": "length_skip", "params": {"compute": True}}]}]))
+    out = tmp_path / "bench"
+    r = evolve("decode-bench", "--shape", SHAPE, "--batches", "2", "--cache-lens", "2048",
+               "--ablation", str(ablation), "--out", str(out), "--json", timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = json.loads(r.stdout)
+    assert [row["label"] for row in rows] == ["XLA reference", "naive seed", "best 1-chip kernel (block_sizes)"]
+    price = PRICES["v5e"].usd_per_chip_hour
+    for row in rows:
+        assert row["status"] == "ok" and row["chips"] == 1 and (row["batch"], row["cache_len"]) == (2, 2048)
+        assert row["timing_source"] == "compiler_estimate+hbm" and row["libtpu_version"]
+        assert row["tokens_per_s"] == pytest.approx(2 / row["latency_s"])
+        assert row["tokens_per_s_per_dollar"] == pytest.approx(row["tokens_per_s"] / price)
+        assert 0 < row["hbm_util"] <= 1.0
+    reference, naive, best = rows
+    assert reference["speedup_vs_reference"] == pytest.approx(1.0)
+    assert best["latency_s"] < naive["latency_s"]        # 2048-entry blocks move the cache in fewer steps
+    assert best["speedup_vs_reference"] == pytest.approx(reference["latency_s"] / best["latency_s"])
+    assert (out / "decode-bench.png").stat().st_size > 0 and (out / "decode-bench.md").is_file()
+    assert json.loads((out / "decode-bench.json").read_text()) == rows
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--batches", "0"], "--batches must be positive integers"),
+    (["--cache-lens", "8k"], "--cache-lens must be positive integers"),
+    (["--cache-lens", "1000"], "cannot be tiled"),
+    (["--seed", "flash_attention"], "needs a decode seed"),
+    (["--chip", "v9"], "unknown chip"),
+    (["--price", "-1"], "--price must be a positive number"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
+    r = evolve("decode-bench", *args, "--out", str(tmp_path / "b"), timeout=120)
+    assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_an_ablation_file_without_a_kernel_of_the_operators_is_refused(tmp_path):
+    bad = tmp_path / "a.json"
+    bad.write_text("{not json")
+    with pytest.raises(UsageError, match="cannot read"):
+        best_chain(bad)
+    bad.write_text(json.dumps([{"label": "seed", "edits": [], "status": "PASS", "speedup_vs_reference": 1.0}]))
+    with pytest.raises(UsageError, match="no passing kernel"):
+        best_chain(bad)
+
+
+def test_sizes_are_tasks_of_the_seed():
+    base = load_seed("flash_decoding").task(SHAPE)
+    task = sized_task(base, 32, 131072)
+    assert (task.batch, task.kv_len, task.heads, task.head_dim) == (32, 131072, 8, 128)
+    assert task.bytes_moved > base.bytes_moved
