@@ -229,42 +229,6 @@ def test_split_kv_applies_once_and_keeps_exp2_out():
     assert "the grid is not" in not_applicable("split_kv", ATTENTION.source, ATTENTION.task)
 
 
-# ---- dimension semantics ------------------------------------------------------------------------
-def _semantics_params(case, axis, semantics):
-    return get_operator("dimension_semantics").apply_params(case.source, case.task,
-                                                            {"axis": axis, "semantics": semantics})
-
-
-def test_dimension_semantics_never_makes_a_reduction_axis_parallel():
-    for case, kv_axis in ((ATTENTION, 3), (DECODE, 2)):
-        refused = _semantics_params(case, kv_axis, "parallel")
-        assert refused.status == "not_applicable" and f"branches on pl.program_id({kv_axis})" in refused.reason
-
-
-def test_dimension_semantics_round_trips_an_independent_axis():
-    """Batch is read as an index (lengths_ref[b]) in the decode kernel, not branched on: it may go
-    back to parallel. The kv axis scopes the scratch, so attention's head axis may too."""
-    for case, axis in ((DECODE, 0), (ATTENTION, 1)):
-        serial = seed_with(Edit("dimension_semantics", {"axis": axis, "semantics": "arbitrary"}), case=case)
-        back = apply("dimension_semantics", serial, case.task, axis=axis, semantics="parallel")
-        assert back == case.source
-
-
-def test_dimension_semantics_follows_a_branch_through_an_alias():
-    serial = seed_with(Edit("dimension_semantics", {"axis": 0, "semantics": "arbitrary"}), case=DECODE)
-    aliased = serial.replace("    b = pl.program_id(0)\n", "    b = pl.program_id(0)\n    first = b * 1\n", 1)
-    aliased = aliased.replace("@pl.when(kv_index == 0)", "@pl.when((kv_index == 0) & (first >= 0))", 1)
-    assert aliased.count("first") == 2
-    refused = get_operator("dimension_semantics").apply_params(aliased, DECODE.task,
-                                                               {"axis": 0, "semantics": "parallel"})
-    assert refused.status == "not_applicable" and "branches on pl.program_id(0)" in refused.reason
-
-
-def test_dimension_semantics_needs_stated_semantics():
-    axpy = seed_case("axpy")                       # the example seed states none
-    assert "no pltpu.CompilerParams" in not_applicable("dimension_semantics", axpy.source, axpy.task)
-
-
 # ---- composition ------------------------------------------------------------------------------
 def test_operators_that_compose_give_one_kernel_in_either_order():
     hpp2 = Edit("head_coarsening", {"heads_per_program": 2})
