@@ -15,6 +15,7 @@ class Chip:
     hbm_bytes_per_s: float
     vmem_bytes: int
     default_scoped_vmem_bytes: int
+    tensorcores: int          # per chip: "parallel" grid axes are shared among them
 
     @property
     def ridge_intensity(self) -> float:
@@ -25,10 +26,11 @@ class Chip:
 # Peak FLOP/s and HBM bandwidth: Google Cloud TPU documentation. Clocks: v5e 1.5 GHz
 # (197 TFLOP/s from 4 MXUs of 128x128); v6e 1.75 GHz is an approximation. Cycle-derived
 # latencies are therefore approximate in absolute terms; speedups (ratios of estimates on one
-# chip and one libtpu version) are not affected by the clock.
+# chip and one libtpu version) are not affected by the clock. TensorCores per chip: one on v5e and
+# v6e (Cloud TPU system architecture pages; v4 and v5p have two).
 CHIPS: dict[str, Chip] = {
-    "v5e": Chip("v5e", "v5e:2x2", "v5litepod-4", 1.5e9, 197e12, 819e9, 128 << 20, 16 << 20),
-    "v6e": Chip("v6e", "v6e:2x2", "v6e-4", 1.75e9, 918e12, 1638e9, 128 << 20, 32 << 20),
+    "v5e": Chip("v5e", "v5e:2x2", "v5litepod-4", 1.5e9, 197e12, 819e9, 128 << 20, 16 << 20, 1),
+    "v6e": Chip("v6e", "v6e:2x2", "v6e-4", 1.75e9, 918e12, 1638e9, 128 << 20, 32 << 20, 1),
 }
 
 

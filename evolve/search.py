@@ -35,7 +35,7 @@ from evolve.config import RunConfig
 from evolve.individual import Individual
 from evolve.surrogate import Surrogate
 from evolve.variation import block_shapes, crossover, mutate
-from mutations import operator_names
+from mutations import all_operators, operator_names
 
 SURROGATE_TUNABLES = ["BLOCK_Q", "BLOCK_KV", "HEADS_PER_PROGRAM", "DIAGONAL_STRIP", "VMEM_LIMIT_BYTES"]
 
@@ -58,12 +58,20 @@ def beats(challenger: Individual, champion: Individual | None) -> bool:
     return (challenger.speedup or 0.0) > (champion.speedup or 0.0)
 
 
+def search_operators(chip: str) -> list:
+    """The operators the search draws from: those that can pay on the judge's chip."""
+    from evaluator.chips import get_chip
+
+    target = get_chip(chip)
+    return [op for op in all_operators() if op.pays_on(target)]
+
+
 def make_toolbox(config: RunConfig, seed_source: str, task, *, evaluate: Callable,
                  record: Callable) -> base.Toolbox:
     """``evaluate(ind) -> outcome`` judges one individual (on an executor's worker);
     ``record(ind, outcome)`` sets its result and fitness and logs it (in the search's thread)."""
     toolbox = base.Toolbox()
-    toolbox.register("mutate", mutate, task=task)
+    toolbox.register("mutate", mutate, task=task, operators=search_operators(config.judge.chip))
     toolbox.register("mate", crossover, seed_source=seed_source, task=task)
     toolbox.register("select", tools.selTournament, tournsize=config.search.tournament_size)
     toolbox.register("evaluate", evaluate)
@@ -167,7 +175,8 @@ class Search:
         # The first population covers the block shapes (each with, mostly, a chain of other
         # operators that covers them all); random moves from the seed only fill what is left.
         for child in block_shapes(seed, self.task, rng, self.config.search.population - 1,
-                                  max_chain=self.config.search.max_chain):
+                                  max_chain=self.config.search.max_chain,
+                                  operators=search_operators(self.config.judge.chip)):
             if child.id not in self.seen:
                 self.seen.add(child.id)
                 population.append(child)

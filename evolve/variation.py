@@ -18,18 +18,20 @@ def _pick(operators: list, weights: dict[str, float] | None, rng: random.Random)
 
 
 def mutate(parent: Individual, task: Any, rng: random.Random, generation: int, max_chain: int = 1,
-           weights: dict[str, float] | None = None) -> Individual | None:
+           weights: dict[str, float] | None = None, operators: list | None = None) -> Individual | None:
     """Apply a chain of 1..``max_chain`` operators (how many drawn from ``rng``), each chosen
-    among those that apply, with probability by ``weights`` (what has paid so far), and with
-    parameters from ``rng``. A chain changes several knobs in one move."""
+    among those that apply (of ``operators``, default every registered one), with probability by
+    ``weights`` (what has paid so far), and with parameters from ``rng``. A chain changes several
+    knobs in one move."""
+    pool = all_operators() if operators is None else operators
     length = rng.randint(1, max(1, max_chain))
     source, chain = parent.source, []
     for _ in range(length):
         used = {e.op for e in chain}          # one edit per operator in a move
-        operators = [op for op in all_operators() if op.name not in used and op.check(source, task)]
-        while operators:
-            op = _pick(operators, weights, rng)
-            operators.remove(op)
+        applicable = [op for op in pool if op.name not in used and op.check(source, task)]
+        while applicable:
+            op = _pick(applicable, weights, rng)
+            applicable.remove(op)
             result = op.apply(source, task, rng)
             if result.applied and result.source != source and result.edit is not None:
                 source, chain = result.source, chain + [result.edit]
@@ -45,13 +47,13 @@ def mutate(parent: Individual, task: Any, rng: random.Random, generation: int, m
 
 
 def block_shapes(seed: Individual, task: Any, rng: random.Random, count: int, generation: int = 0,
-                 max_chain: int = 1, chained: float = 0.75) -> list[Individual]:
+                 max_chain: int = 1, chained: float = 0.75, operators: list | None = None) -> list[Individual]:
     """``count`` children of the seed with distinct block shapes (the values of the seed's tunables
     that the task declares legal values for, e.g. (BLOCK_Q, BLOCK_KV)), drawn without replacement
     from every legal combination; with probability ``chained`` each is followed by a chain of 1..max_chain-1
     other operators, drawn to cover every operator before any repeats: a first population that
     spans the block shapes and tells the search (and its surrogate) what each operator does."""
-    from mutations import get_operator, legal_values, operator_names, read_tunables
+    from mutations import get_operator, legal_values, read_tunables
 
     current = read_tunables(seed.source)
     names = [n for n in current if task.legal_values(n) is not None]     # in the source's order
@@ -59,7 +61,8 @@ def block_shapes(seed: Individual, task: Any, rng: random.Random, count: int, ge
               if s != tuple(current[n] for n in names)] if names else []
     rng.shuffle(shapes)
     blocks = get_operator("block_sizes")
-    used = {name: 0 for name in operator_names() if name != "block_sizes"}
+    pool = all_operators() if operators is None else operators
+    used = {op.name: 0 for op in pool if op.name != "block_sizes"}
     children = []
     for shape in shapes[:count]:
         source, edits = seed.source, []
@@ -74,7 +77,7 @@ def block_shapes(seed: Individual, task: Any, rng: random.Random, count: int, ge
         if max_chain > 1 and rng.random() < chained:
             fewest = min(used.values())       # operators used least so far are drawn first
             weights = {name: 1.0 if n == fewest else 0.02 for name, n in used.items()} | {"block_sizes": 0.02}
-            more = mutate(child, task, rng, generation, max_chain=max_chain - 1, weights=weights)
+            more = mutate(child, task, rng, generation, max_chain=max_chain - 1, weights=weights, operators=pool)
             if more is not None:
                 chain = edits + [Edit.from_dict(e) for e in more.edits[len(edits):]]
                 for e in chain[len(edits):]:

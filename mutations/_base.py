@@ -114,6 +114,11 @@ class Operator(abc.ABC):
     def _rewrite(self, module: cst.Module, task: Any, params: dict[str, Any]) -> cst.Module:
         """The rewrite itself; validates ``params`` (raise NotApplicable when illegal)."""
 
+    def pays_on(self, chip: Any) -> bool:
+        """Whether the rewrite can make a kernel faster on ``chip`` (an evaluator.chips.Chip); the
+        search leaves out an operator that cannot (its draws would only cost evaluations)."""
+        return True
+
     # ---- public API -----------------------------------------------------------------------
     def check(self, source: str, task: Any) -> Applicability:
         try:

@@ -8,6 +8,7 @@ from ._block_sizes import BlockSizes
 from ._causal_skip import CausalSkip
 from ._compact_scratch import CompactScratch
 from ._deferred_norm import DeferredNormalisation
+from ._dimension_semantics import DimensionSemantics
 from ._diagonal_strips import DiagonalStrips
 from ._exp2_softmax import Exp2Softmax
 from ._grouped_heads import GroupedHeads
@@ -20,7 +21,7 @@ _OPERATORS: dict[str, Operator] = {
     op.name: op
     for op in (BlockSizes(), CompactScratch(), DeferredNormalisation(), CausalSkip(),
                HeadCoarsening(), VmemLimit(), Exp2Softmax(), DiagonalStrips(), ApproxReciprocal(),
-               LengthSkip(), GroupedHeads(), SplitKV())
+               LengthSkip(), GroupedHeads(), SplitKV(), DimensionSemantics())
 }
 
 

@@ -5,6 +5,7 @@ test_operator_contract.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import random
 
@@ -227,6 +228,69 @@ def test_split_kv_applies_once_and_keeps_exp2_out():
     # order is fine (the combine follows the kernel's base: expected/split_kv__flash_decoding+exp2_softmax*).
     assert "natural-log" in not_applicable("exp2_softmax", split, DECODE.task)
     assert "the grid is not" in not_applicable("split_kv", ATTENTION.source, ATTENTION.task)
+
+
+# ---- dimension semantics ------------------------------------------------------------------------
+def _semantics_params(case, axis, semantics):
+    return get_operator("dimension_semantics").apply_params(case.source, case.task,
+                                                            {"axis": axis, "semantics": semantics})
+
+
+def test_dimension_semantics_never_makes_a_reduction_axis_parallel():
+    for case, kv_axis in ((ATTENTION, 3), (DECODE, 2)):
+        refused = _semantics_params(case, kv_axis, "parallel")
+        assert refused.status == "not_applicable" and f"branches on pl.program_id({kv_axis})" in refused.reason
+
+
+def test_dimension_semantics_round_trips_an_independent_axis():
+    """Batch is read as an index (lengths_ref[b]) in the decode kernel, not branched on: it may go
+    back to parallel. The kv axis scopes the scratch, so attention's head axis may too. Each move
+    keeps the parallel axes a prefix of the grid, so the axes behind go arbitrary first."""
+    for case, axes in ((DECODE, (1, 0)), (ATTENTION, (2, 1))):
+        inner = seed_with(Edit("dimension_semantics", {"axis": axes[0], "semantics": "arbitrary"}), case=case)
+        serial = apply("dimension_semantics", inner, case.task, axis=axes[1], semantics="arbitrary")
+        assert apply("dimension_semantics", serial, case.task, axis=axes[1], semantics="parallel") == inner
+
+
+def test_dimension_semantics_keeps_the_parallel_axes_a_prefix():
+    """Mosaic refuses parallel axes that are not a prefix of the grid: a middle axis never changes."""
+    for axis, semantics in ((0, "arbitrary"), (1, "arbitrary")):
+        refused = _semantics_params(ATTENTION, axis, semantics)
+        assert refused.status == "not_applicable" and "only axis 2 can" in refused.reason
+    op = get_operator("dimension_semantics")
+    for i in range(30):
+        params = op.sample_params(ATTENTION.source, ATTENTION.task, random.Random(i))
+        assert params == {"axis": 2, "semantics": "arbitrary"}
+    broken = ATTENTION.source.replace('("parallel", "parallel", "parallel", "arbitrary")',
+                                      '("parallel", "arbitrary", "parallel", "arbitrary")')
+    assert "do not form a prefix" in not_applicable("dimension_semantics", broken, ATTENTION.task)
+
+
+def test_dimension_semantics_cannot_pay_on_one_tensorcore():
+    from evaluator.chips import CHIPS
+    from evolve.search import search_operators
+
+    op = get_operator("dimension_semantics")
+    assert all(chip.tensorcores == 1 and not op.pays_on(chip) for chip in CHIPS.values())
+    assert op.pays_on(dataclasses.replace(CHIPS["v5e"], tensorcores=2))
+    assert "dimension_semantics" not in {o.name for o in search_operators("v5e")}
+    assert "block_sizes" in {o.name for o in search_operators("v5e")}
+
+
+def test_dimension_semantics_follows_a_branch_through_an_alias():
+    serial = seed_with(Edit("dimension_semantics", {"axis": 1, "semantics": "arbitrary"}),
+                       Edit("dimension_semantics", {"axis": 0, "semantics": "arbitrary"}), case=DECODE)
+    aliased = serial.replace("    b = pl.program_id(0)\n", "    b = pl.program_id(0)\n    first = b * 1\n", 1)
+    aliased = aliased.replace("@pl.when(kv_index == 0)", "@pl.when((kv_index == 0) & (first >= 0))", 1)
+    assert aliased.count("first") == 2
+    refused = get_operator("dimension_semantics").apply_params(aliased, DECODE.task,
+                                                               {"axis": 0, "semantics": "parallel"})
+    assert refused.status == "not_applicable" and "branches on pl.program_id(0)" in refused.reason
+
+
+def test_dimension_semantics_needs_stated_semantics():
+    axpy = seed_case("axpy")                       # the example seed states none
+    assert "no pltpu.CompilerParams" in not_applicable("dimension_semantics", axpy.source, axpy.task)
 
 
 # ---- composition ------------------------------------------------------------------------------
