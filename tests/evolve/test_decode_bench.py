@@ -5,7 +5,9 @@ one-line error."""
 from __future__ import annotations
 
 import json
+from unittest import mock
 
+import numpy as np
 import pytest
 
 from evolve.decode_bench import PRICES, best_chain, sized_task
@@ -29,8 +31,17 @@ def test_a_small_decode_bench_reports_each_kernel_with_figures_that_follow_from_
                "--ablation", str(ablation), "--out", str(out), "--json", timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = json.loads(r.stdout)
+    four = rows.pop()
     assert [row["label"] for row in rows] == ["XLA reference", "naive seed", "best 1-chip kernel (block_sizes)"]
     price = PRICES["v5e"].usd_per_chip_hour
+    # The 4-chip row: checked (interpret mode, 4 CPU devices), timed with the ICI model, and read
+    # against the best 1-chip row only (another timing source: no speedup over the reference).
+    assert four["status"] == "ok", four["status"]
+    assert four["label"].startswith("best 4-chip kernel (") and four["chips"] == 4
+    assert four["timing_source"] == "compiler_estimate+hbm+ici_model" and four["speedup_vs_reference"] is None
+    assert four["vs_best_1_chip"] == pytest.approx(four["latency_s"] / min(x["latency_s"] for x in rows[1:]))
+    assert four["tokens_per_s_per_dollar"] == pytest.approx(four["tokens_per_s"] / (4 * price))
+    assert "collectives" in four["plan"] and "us" in four["plan"]
     for row in rows:
         assert row["status"] == "ok" and row["chips"] == 1 and (row["batch"], row["cache_len"]) == (2, 2048)
         assert row["timing_source"] == "compiler_estimate+hbm" and row["libtpu_version"]
@@ -42,7 +53,7 @@ def test_a_small_decode_bench_reports_each_kernel_with_figures_that_follow_from_
     assert best["latency_s"] < naive["latency_s"]        # 2048-entry blocks move the cache in fewer steps
     assert best["speedup_vs_reference"] == pytest.approx(reference["latency_s"] / best["latency_s"])
     assert (out / "decode-bench.png").stat().st_size > 0 and (out / "decode-bench.md").is_file()
-    assert json.loads((out / "decode-bench.json").read_text()) == rows
+    assert json.loads((out / "decode-bench.json").read_text()) == [*rows, four]
 
 
 @pytest.mark.parametrize("args, message", [
@@ -52,6 +63,7 @@ def test_a_small_decode_bench_reports_each_kernel_with_figures_that_follow_from_
     (["--seed", "flash_attention"], "needs a decode seed"),
     (["--chip", "v9"], "unknown chip"),
     (["--price", "-1"], "--price must be a positive number"),
+    (["--chips", "2"], "--chips must be 1 or 1,4"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     r = evolve("decode-bench", *args, "--out", str(tmp_path / "b"), timeout=120)
@@ -73,3 +85,23 @@ def test_sizes_are_tasks_of_the_seed():
     task = sized_task(base, 32, 131072)
     assert (task.batch, task.kv_len, task.heads, task.head_dim) == (32, 131072, 8, 128)
     assert task.bytes_moved > base.bytes_moved
+
+
+def test_each_chip_moves_its_quarter_of_the_cache():
+    """The 4-chip HBM floor's rule (the judge's fetch-on-change, walked per chip on its share of the
+    lengths): B=2, H=4 over 2 K/V heads, N=8192 in quarters of four 512-entry blocks."""
+    from evolve.multichip import chip_hbm_bytes
+
+    task = load_seed("flash_decoding").task("B=2,H=4,HKV=2,N=8192,D=128,T=1")
+    kv_block = 2 * 512 * 128 * 2                 # K and V, bf16
+    rows = 2 * 4 * (128 * 2 + 128 * 4 + 2 * 128 * 4)    # per (b, h): q in; acc, m, l out (f32)
+
+    def per_chip(lengths):
+        with mock.patch.object(type(task), "timing_lengths", new=np.array(lengths, np.int32)):
+            return chip_hbm_bytes(task, 512)
+
+    # A full sequence: each head walks its 4 blocks (the next head's first block differs): 16 each.
+    assert per_chip([8192, 8192]) == [32 * kv_block + rows] * 4
+    # 3000 entries: chip 0 full (16), chip 1 952 entries -> blocks 0,1,1,1 per head (8), chips 2 and 3
+    # none: the clamp keeps block 0, fetched once per K/V head (2).
+    assert per_chip([3000, 8192]) == [(n + 16) * kv_block + rows for n in (16, 8, 2, 2)]
