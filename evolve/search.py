@@ -35,7 +35,7 @@ from evolve.config import RunConfig
 from evolve.individual import Individual
 from evolve.surrogate import Surrogate
 from evolve.variation import block_shapes, crossover, mutate
-from mutations import all_operators, operator_names
+from mutations import all_operators
 
 SURROGATE_TUNABLES = ["BLOCK_Q", "BLOCK_KV", "HEADS_PER_PROGRAM", "DIAGONAL_STRIP", "VMEM_LIMIT_BYTES"]
 
@@ -67,11 +67,11 @@ def search_operators(chip: str) -> list:
 
 
 def make_toolbox(config: RunConfig, seed_source: str, task, *, evaluate: Callable,
-                 record: Callable) -> base.Toolbox:
+                 record: Callable, operators: list) -> base.Toolbox:
     """``evaluate(ind) -> outcome`` judges one individual (on an executor's worker);
     ``record(ind, outcome)`` sets its result and fitness and logs it (in the search's thread)."""
     toolbox = base.Toolbox()
-    toolbox.register("mutate", mutate, task=task, operators=search_operators(config.judge.chip))
+    toolbox.register("mutate", mutate, task=task, operators=operators)
     toolbox.register("mate", crossover, seed_source=seed_source, task=task)
     toolbox.register("select", tools.selTournament, tournsize=config.search.tournament_size)
     toolbox.register("evaluate", evaluate)
@@ -107,7 +107,9 @@ class Search:
         self.config = config
         self.seed_source = seed_source
         self.task = task
-        self.toolbox = make_toolbox(config, seed_source, task, evaluate=evaluate, record=record)
+        self.operators = search_operators(config.judge.chip)
+        self.toolbox = make_toolbox(config, seed_source, task, evaluate=evaluate, record=record,
+                                    operators=self.operators)
         self.on_generation = on_generation
         self.hof = tools.HallOfFame(config.search.hall_of_fame, similar=lambda a, b: a.id == b.id)
         self.stats = make_statistics()
@@ -115,7 +117,7 @@ class Search:
         self.champion: Individual | None = None
         self.seen: set[str] = set()
         self.taken: list[Individual] = []             # items taken in, in index order
-        self.surrogate = Surrogate(operator_names(), SURROGATE_TUNABLES)
+        self.surrogate = Surrogate([op.name for op in self.operators], SURROGATE_TUNABLES)
         self.credit: dict[str, list[int]] = {}        # operator -> [tries, wins over the parent]
         self.speedups: dict[str, float] = {}          # individual id -> speedup (PASS only)
         self.learned: set[str] = set()
@@ -176,7 +178,7 @@ class Search:
         # operators that covers them all); random moves from the seed only fill what is left.
         for child in block_shapes(seed, self.task, rng, self.config.search.population - 1,
                                   max_chain=self.config.search.max_chain,
-                                  operators=search_operators(self.config.judge.chip)):
+                                  operators=self.operators):
             if child.id not in self.seen:
                 self.seen.add(child.id)
                 population.append(child)
