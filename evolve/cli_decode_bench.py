@@ -93,7 +93,8 @@ class DecodeBenchCommand(Command):
         (args.out / "decode-bench.md").write_text(table + "\n")
         print_to = args.out / "decode-bench.json"
         print_to.write_text(json.dumps(rows_json(rows, price), indent=1))
-        plot(rows, args.out / "decode-bench.png", f"{seed.name} on {args.chip} · {rows[0].timing_source} · "
+        sources = " / ".join(dict.fromkeys(f"{r.chips} chip{'s' * (r.chips > 1)}: {r.timing_source}" for r in rows))
+        plot(rows, args.out / "decode-bench.png", f"{seed.name} on {args.chip} · {sources} · "
                                                   f"libtpu {rows[0].libtpu_version}")
         if args.format == "json":
             print_json(rows_json(rows, price))
