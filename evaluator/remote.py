@@ -25,6 +25,7 @@ import socket
 import tempfile
 from typing import Any
 
+from evaluator import jail
 from evaluator.judge import GroundTruth, Judge, JudgeConfig
 from evaluator.result import EvalResult, Provenance, Status
 from evaluator.timing import Timing
@@ -75,6 +76,11 @@ def _judge_for(spec: JudgeSpec) -> tuple[Judge, Any]:
             judge.adopt(task, spec.reference, spec.truth)
         _JUDGES[spec.key] = (judge, task)
     return _JUDGES[spec.key]
+
+
+def warm_up() -> None:
+    """Load the judge and try the jail, once per process, before the first candidate arrives."""
+    jail.probe()
 
 
 def judge_on_this_node(spec: JudgeSpec, source: str, cut: int | None = None) -> EvalResult:

@@ -95,9 +95,12 @@ class RayExecutor(Executor):
         options: dict[str, Any] = {"num_cpus": 1, "max_retries": 1}
         if tpus:
             options["resources"] = {"TPU": 1}
-        from evaluator.remote import judge_on_this_node
+        from evaluator.remote import judge_on_this_node, warm_up
 
         self._task = ray.remote(judge_on_this_node).options(**options)
+        # Every worker process loads the judge and tries its jail while this process times the
+        # reference, not on the first candidate's clock. Nothing waits on these.
+        self._warming = [ray.remote(warm_up).options(**options).remote() for _ in range(self.workers)]
         self._pool = concurrent.futures.ThreadPoolExecutor(self.workers, thread_name_prefix="ray-judge")
         self._in_flight: set = set()
         self._lock = threading.Lock()
