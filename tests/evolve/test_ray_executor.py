@@ -200,6 +200,24 @@ def test_sigterm_on_the_orchestrator_stops_the_ray_it_started_and_leaves_nothing
     assert not [p for p in started if alive(p)], [cmdline(p) for p in started if alive(p)]
 
 
+def test_sigterm_on_the_orchestrator_cancels_its_tasks_on_a_cluster(cluster, tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "evolve", "run", *TINY, "--executor", "ray",
+                             "--ray-address", cluster.address, "--data-dir", str(tmp_path / "d")],
+                            cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not judging_workers(cluster.proc.pid) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    busy = judging_workers(cluster.proc.pid)
+    assert busy, "no Ray task started"
+    held = [p for w in busy for p in descendants(w)]            # the jailed children of the tasks
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and b"interrupted" in err
+    time.sleep(1)
+    assert not [p for p in busy + held if alive(p)], "a cancelled task, or its sandbox, still runs"
+    assert cluster.proc.poll() is None                           # the cluster itself is not ours to stop
+
+
 def test_kill_9_on_the_orchestrator_then_resume_on_ray_loses_nothing(cluster, tmp_path):
     from archive import Archive
 
