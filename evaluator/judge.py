@@ -64,6 +64,9 @@ ESTIMATE_BLIND_SPOTS = ("data_dependent_loop", "data_dependent_branch", "xla_loo
 _WARNED: set[str] = set()
 # "auto": measured on a TPU host, else the compiler estimate.
 TIMING_CHOICES = ("auto", "compiler_estimate", "measured")
+# Which chips of a TPU host a process may use, as a scheduler (Ray) sets them for one task: passed
+# on to the runner, so that a judge given one chip times on that chip alone.
+CHIP_VISIBILITY_ENV = ("TPU_VISIBLE_CHIPS", "TPU_CHIPS_PER_HOST_BOUNDS", "TPU_HOST_BOUNDS")
 # libtpu 0.0.42.1: "Static LLO profiling of <op> failed: INVALID_ARGUMENT: Unsupported DMA direction ..."
 _PROFILER_FAILURE = re.compile(r"(Static LLO profiling of \S+ failed:[^\n]*)")
 
@@ -231,6 +234,8 @@ class Judge:
             # No chip to guard: let parallel runners load libtpu without its /tmp lockfile.
             env["JAX_PLATFORMS"] = "cpu"
             env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
+        else:
+            env.update({k: os.environ[k] for k in CHIP_VISIBILITY_ENV if k in os.environ})
         env.update(self.timing.worker_env(private))
         return env
 
@@ -309,6 +314,18 @@ class Judge:
         v = versions()
         return (f"{task.key}|{self.chip.name}|{source}|libtpu={v['libtpu_version']}|jax={v['jax_version']}"
                 f"|task={_code_digest(type(task))}")
+
+    def ground_truth(self, task: SeedTask) -> tuple[Timing, list[GroundTruth]]:
+        """The task's reference timing and ground truth, made here once (for a judge elsewhere)."""
+        truth = self._ground_truth(task)
+        return self._references[self._reference_key(task)], truth
+
+    def adopt(self, task: SeedTask, reference: Timing, truth: Sequence[GroundTruth]) -> None:
+        """Take another judge's reference timing and ground truth for ``task`` (same chip, timing
+        source and versions): this judge then never times the reference or makes the inputs itself."""
+        with self._lock:
+            self._truth[task] = list(truth)
+            self._references[self._reference_key(task)] = reference
 
     def reference_timing(self, task: SeedTask) -> Timing:
         """The task's plain XLA program, compiled for the same chip, timed by the same source."""

@@ -11,6 +11,7 @@ import random
 from pathlib import Path
 
 from evaluator.judge import Judge
+from evolve.executor import Executor, LocalExecutor
 from evaluator.result import EvalResult
 from mutations import Edit, all_operators
 from mutations._replay import replay_applicable
@@ -77,8 +78,8 @@ def _block_choices(seed_source: str, task) -> list[tuple[tuple[str, int], ...]]:
     return sorted(itertools.product(*choices), key=lambda c: -math.prod(v for _, v in c))
 
 
-def _grid(judge: Judge, seed_source: str, task, singles: dict[str, list[Entry]], best_cycles: int | None
-          ) -> tuple[Entry | None, int]:
+def _grid(executor: Executor, judge: Judge, seed_source: str, task, singles: dict[str, list[Entry]],
+          best_cycles: int | None) -> tuple[Entry | None, int]:
     """Every other operator at its best, over blocks x heads per program x diagonal strips, judged
     best-looking first in batches; kernels over GRID_PRUNE x the best PASS so far are PRUNED."""
     # Each other operator at its best passing parameters (an operator none of whose variants
@@ -102,11 +103,11 @@ def _grid(judge: Judge, seed_source: str, task, singles: dict[str, list[Entry]],
                     seen.add(source)
                     candidates.append(Entry("all operators together", tuple(kept), source))
     judged: list[Entry] = []
-    workers = judge.config.workers
+    workers = executor.workers
     for start in range(0, len(candidates), workers):
         cut = int(best_cycles * GRID_PRUNE) if best_cycles else None
         batch = candidates[start:start + workers]
-        results = judge.evaluate_many([e.source for e in batch], task, prune_above_cycles=cut)
+        results = executor.judge_all(judge, task, [e.source for e in batch], cut)
         for entry, result in zip(batch, results):
             judged.append(dataclasses.replace(entry, result=result))
             if result.ok and result.metrics.estimated_cycles:
@@ -115,7 +116,8 @@ def _grid(judge: Judge, seed_source: str, task, singles: dict[str, list[Entry]],
     return best, len(judged)
 
 
-def drop_what_does_not_pay(judge: Judge, seed_source: str, task, best: Entry) -> tuple[Entry, list[str]]:
+def drop_what_does_not_pay(executor: Executor, judge: Judge, seed_source: str, task, best: Entry
+                           ) -> tuple[Entry, list[str]]:
     """Leave one out, on the grid's best: replay its chain without each edit that is not a block
     size (edits that then no longer apply drop too); if a variant is faster, keep the fastest and
     go again; stop when no drop pays. Returns the kernel and the operators dropped, in order."""
@@ -130,7 +132,7 @@ def drop_what_does_not_pay(judge: Judge, seed_source: str, task, best: Entry) ->
                 variants.append((edit, Entry(best.label, tuple(kept), source)))
         if not variants:
             break
-        results = judge.evaluate_many([v.source for _, v in variants], task)
+        results = executor.judge_all(judge, task, [v.source for _, v in variants])
         faster = [(edit, dataclasses.replace(v, result=r)) for (edit, v), r in zip(variants, results)
                   if r.ok and (r.metrics.speedup_vs_reference or 0) > (best.result.metrics.speedup_vs_reference or 0)]
         if not faster:
@@ -140,7 +142,12 @@ def drop_what_does_not_pay(judge: Judge, seed_source: str, task, best: Entry) ->
     return best, dropped
 
 
-def run_ablation(judge: Judge, seed_source: str, task, *, peers: dict[str, Path] | None = None) -> list[Entry]:
+def run_ablation(judge: Judge, seed_source: str, task, *, peers: dict[str, Path] | None = None,
+                 executor: Executor | None = None) -> list[Entry]:
+    """The ablation's rows, judged through ``executor`` (None: this machine, the judge's workers)."""
+    if executor is None:
+        with LocalExecutor(judge.config.workers) as local:
+            return run_ablation(judge, seed_source, task, peers=peers, executor=local)
     ops = all_operators()
     singles: dict[str, list[Entry]] = {}
     for op in ops:
@@ -153,7 +160,7 @@ def run_ablation(judge: Judge, seed_source: str, task, *, peers: dict[str, Path]
     batch = [Entry("seed", (), seed_source)] + [e for group in singles.values() for e in group]
     batch += [Entry(label, (), path.read_text(), peer=True) for label, path in (peers or {}).items()
               if path.is_file()]
-    results = judge.evaluate_many([e.source for e in batch], task)
+    results = executor.judge_all(judge, task, [e.source for e in batch])
     batch = [dataclasses.replace(e, result=r) for e, r in zip(batch, results)]
     by_source = {e.source: e for e in batch}
     for name in singles:
@@ -162,7 +169,7 @@ def run_ablation(judge: Judge, seed_source: str, task, *, peers: dict[str, Path]
     ours = [e for e in batch if not e.peer and e.result.ok]
     best_cycles = min((e.result.metrics.estimated_cycles for e in ours if e.result.metrics.estimated_cycles),
                       default=None)
-    grid, tried = _grid(judge, seed_source, task, singles, best_cycles)
+    grid, tried = _grid(executor, judge, seed_source, task, singles, best_cycles)
 
     rows = [batch[0]]
     for op in ops:
@@ -174,7 +181,7 @@ def run_ablation(judge: Judge, seed_source: str, task, *, peers: dict[str, Path]
     if grid is not None:
         label = f"all operators together (best of {tried} in a grid of blocks x heads per program x strips)"
         rows.append(dataclasses.replace(grid, label=label))
-        best, dropped = drop_what_does_not_pay(judge, seed_source, task, grid)
+        best, dropped = drop_what_does_not_pay(executor, judge, seed_source, task, grid)
         if dropped:
             rows.append(dataclasses.replace(best, label=f"the grid's best without what does not pay "
                                                         f"(dropped: {', '.join(dropped)})"))

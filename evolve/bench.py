@@ -43,10 +43,11 @@ def _cost(ind) -> float | None:
     return float(m.estimated_cycles) if m.estimated_cycles else m.latency_s
 
 
-def run_trial(config: RunConfig, data_dir: str, run_id: str, strategy: str, repeat: int) -> tuple[Trial, Any]:
+def run_trial(config: RunConfig, data_dir: str, run_id: str, strategy: str, repeat: int,
+              executor=None) -> tuple[Trial, Any]:
     from evolve.run import EvolutionRun
 
-    run = EvolutionRun(config, data_dir, run_id=run_id, strategy=strategy)
+    run = EvolutionRun(config, data_dir, run_id=run_id, strategy=strategy, executor=executor)
     start = time.monotonic()
     champion = run.start()
     best, curve = 0.0, []

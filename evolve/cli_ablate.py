@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from evolve.cli_common import Command, add_commands as _add_commands, add_json_alias, print_json
+from evolve.cli_common import Command, add_commands as _add_commands, add_executor_arguments, add_json_alias, print_json
 from evolve.cli_eval import add_task_arguments, load_seed_arg, task_from_args
 from evolve.errors import UsageError
 
@@ -19,21 +19,27 @@ class AblateCommand(Command):
         parser.add_argument("--workers", type=int, default=0, help="parallel judges (default: one per core)")
         parser.add_argument("--no-jax", "--no-peers", dest="no_jax", action="store_true",
                             help="leave the seed's outside kernels (JAX's own, for flash attention) out")
+        add_executor_arguments(parser)
         add_json_alias(parser, help="print the rows as a JSON array, one object per row (the same as "
                                     "--format json)")
 
     def take_action(self, args: argparse.Namespace) -> int:
         from evaluator.judge import Judge, JudgeConfig
         from evolve.ablation import ablation_json, format_ablation, run_ablation
+        from evolve.config import JudgeSettings
+        from evolve.executor import open_executor
 
         task = task_from_args(args)
         seed = load_seed_arg(args.seed)
+        settings = JudgeSettings(chip=args.chip, workers=args.workers, executor=args.executor or "local",
+                                 ray_address=args.ray_address or "")
         try:
             judge = Judge(JudgeConfig(chip=args.chip, workers=args.workers or JudgeConfig().workers))
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         peers = {} if args.no_jax else seed.peer_paths(ablation=True)
-        rows = run_ablation(judge, seed.kernel_source, task, peers=peers)
+        with open_executor(settings) as executor:
+            rows = run_ablation(judge, seed.kernel_source, task, peers=peers, executor=executor)
         if args.format == "json":
             print_json(ablation_json(rows, task, judge))
         else:

@@ -7,7 +7,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from evolve.cli_common import Command, add_commands as _add_commands
+from evolve.cli_common import Command, add_commands as _add_commands, add_executor_arguments
 from evolve.errors import UsageError
 
 
@@ -32,11 +32,11 @@ class BenchCommand(Command):
         parser.add_argument("--workers", type=int, default=None, help="parallel judges (default: one per core)")
         parser.add_argument("--out", default=None, help="where to write bench.md, bench.png, bench.json "
                                                         "(default DATA_DIR/bench/BENCH_ID)")
+        add_executor_arguments(parser)
 
     def take_action(self, args: argparse.Namespace) -> int:
-        from evolve.bench import format_table, run_trial, summarise, write_report
         from evolve.cli_run import _archive, _config_from_args
-        from evolve.run import new_run_id
+        from evolve.executor import open_executor
         from evolve.strategies import strategy_class
 
         strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
@@ -54,6 +54,13 @@ class BenchCommand(Command):
         base = dataclasses.replace(base, search=dataclasses.replace(base.search, budget=args.budget))
         base.task.task()
         _archive(args.data_dir, create=True)
+        with open_executor(base.judge) as executor:     # one for every trial
+            return self._bench(args, base, strategies, executor)
+
+    def _bench(self, args: argparse.Namespace, base, strategies: list[str], executor) -> int:
+        from evolve.bench import format_table, run_trial, summarise, write_report
+        from evolve.run import new_run_id
+
         bench_id = "bench-" + new_run_id()
         trials, meta = [], None
         out = Path(args.out) if args.out else Path(args.data_dir) / "bench" / bench_id
@@ -64,7 +71,8 @@ class BenchCommand(Command):
                     # JAX's tuned kernel is judged once, beside the first trial.
                     judge=dataclasses.replace(base.judge, peers=not trials))
                 print(f"{bench_id}: {name}, repeat {repeat + 1}/{args.repeats}", file=sys.stderr)
-                trial, run = run_trial(config, args.data_dir, f"{bench_id}-{name}-r{repeat}", name, repeat)
+                trial, run = run_trial(config, args.data_dir, f"{bench_id}-{name}-r{repeat}", name, repeat,
+                                       executor=executor)
                 trials.append(trial)
                 if meta is None:
                     meta = {"bench_id": bench_id, "budget": args.budget, "repeats": args.repeats,

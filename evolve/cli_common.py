@@ -73,6 +73,16 @@ def shared_parents() -> dict[str, argparse.ArgumentParser]:
     return {name: make() for name, make in PARENT_PARSERS.items()}
 
 
+def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--executor`` and ``--ray-address``: where candidates are judged (evolve/executor.py)."""
+    parser.add_argument("--executor", choices=("local", "ray"), default=None,
+                        help="judge on this machine (local, the default) or on a Ray cluster (ray; needs the "
+                             "extra: pip install 'pallas-evolve[ray]')")
+    parser.add_argument("--ray-address", default=None, metavar="HOST:PORT",
+                        help="with --executor ray: join this cluster (default $RAY_ADDRESS; neither: a Ray "
+                             "is started for the run and stopped after it)")
+
+
 def add_json_alias(parser: argparse.ArgumentParser, help: str = "the same as --format json") -> None:
     parser.add_argument("--json", dest="format", action="store_const", const="json", help=help)
 

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from evolve.cli_common import Command, add_commands as _add_commands, print_json
+from evolve.cli_common import Command, add_commands as _add_commands, add_executor_arguments, print_json
 from evolve.errors import UsageError
 
 
@@ -45,8 +45,20 @@ def _config_from_args(args: argparse.Namespace):
         "task": {"seed": args.seed, "shape": args.shape, "causal": args.causal,
                  "dtype": getattr(args, "dtype", None)},
         "judge": {"chip": args.chip, "workers": args.workers, "peers": args.peers,
-                  "timing": getattr(args, "timing", None)},
+                  "timing": getattr(args, "timing", None), "executor": args.executor,
+                  "ray_address": args.ray_address},
     })
+
+
+def with_executor(config, executor: str | None, ray_address: str | None):
+    """A stored run's configuration, judged where --executor / --ray-address now say (a Ray address
+    stored with the run is kept only while the executor stays ray)."""
+    import dataclasses
+
+    judge = config.judge
+    name = executor or judge.executor
+    address = ray_address if ray_address is not None else (judge.ray_address if name == "ray" else "")
+    return dataclasses.replace(config, judge=dataclasses.replace(judge, executor=name, ray_address=address))
 
 
 def _report(run, champion) -> None:
@@ -195,19 +207,22 @@ class RunCommand(Command):
         p.add_argument("--peers", action=argparse.BooleanOptionalAction, default=None,
                        help="judge JAX's tuned kernel side by side (default on)")
         p.add_argument("--config", default=None, help="a TOML file with [search], [task], [judge] tables")
+        add_executor_arguments(p)
 
     def take_action(self, args: argparse.Namespace) -> int:
         from evolve.cli_eval import check_tiling
+        from evolve.executor import open_executor
         from evolve.run import EvolutionRun
 
         config = _config_from_args(args)
         check_tiling(config.task.load_seed().kernel_source, config.task.task())
         _archive(args.data_dir, create=True)
-        run = EvolutionRun(config, args.data_dir)
-        print(f"run {run.run_id}: {config.search.population} individuals x {config.search.generations} "
-              f"generations on {run.task.key}, chip {config.judge.chip}, data in {args.data_dir}",
-              file=sys.stderr)
-        _report(run, run.start())
+        with open_executor(config.judge) as executor:
+            run = EvolutionRun(config, args.data_dir, executor=executor)
+            print(f"run {run.run_id}: {config.search.population} individuals x {config.search.generations} "
+                  f"generations on {run.task.key}, chip {config.judge.chip}, data in {args.data_dir}; "
+                  f"judged {executor.describe()}", file=sys.stderr)
+            _report(run, run.start())
         return 0
 
 
@@ -218,16 +233,21 @@ class ResumeCommand(Command):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("run")
+        add_executor_arguments(parser)
 
     def take_action(self, args: argparse.Namespace) -> int:
         from evolve.config import RunConfig
+        from evolve.executor import open_executor
         from evolve.run import EvolutionRun
 
         archive = _archive(args.data_dir)
         meta = _meta(archive, args.run)
-        run = EvolutionRun(RunConfig.from_dict(meta["config"]), args.data_dir, run_id=args.run,
-                           strategy=meta.get("strategy", "ga"))
-        _report(run, run.resume())
+        config = with_executor(RunConfig.from_dict(meta["config"]), args.executor, args.ray_address)
+        with open_executor(config.judge) as executor:
+            run = EvolutionRun(config, args.data_dir, run_id=args.run, strategy=meta.get("strategy", "ga"),
+                               executor=executor)
+            print(f"resuming {args.run}; judged {executor.describe()}", file=sys.stderr)
+            _report(run, run.resume())
         return 0
 
 

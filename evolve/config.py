@@ -93,12 +93,22 @@ class TaskConfig:
 class JudgeSettings:
     chip: str = "v5e"
     timing: str = "auto"
-    workers: int = 0                # 0: one per core
+    workers: int = 0                # 0: one per core (per Ray: the cluster's cores, or its TPU chips)
     peers: bool = True              # judge JAX's tuned kernel side by side with the champion
+    executor: str = "local"         # where candidates are judged: "local" or "ray" (evolve/executor.py)
+    # The Ray cluster to join (HOST:PORT or "auto"); "": $RAY_ADDRESS, else a Ray started for the run.
+    ray_address: str = ""
 
     def __post_init__(self) -> None:
         from evaluator.chips import CHIPS
         from evaluator.judge import TIMING_CHOICES
+        from evolve.executor import EXECUTORS
+
+        if self.executor not in EXECUTORS:
+            raise UsageError(f"unknown executor {self.executor!r}; use --executor with one of: "
+                             f"{', '.join(EXECUTORS)}")
+        if self.ray_address and self.executor != "ray":
+            raise UsageError(f"a Ray address ({self.ray_address}) is for the ray executor; add --executor ray")
 
         if self.chip not in CHIPS:
             raise UsageError(f"unknown chip {self.chip!r}; use --chip with one of: {', '.join(CHIPS)}")

@@ -1,10 +1,13 @@
 """The search's one parallel seam: where a judged candidate is sent, and how many at once.
 
-An executor takes ``submit(fn, *args) -> Future`` and runs ``fn`` (the sandboxed judge of one
-candidate) on one of its ``workers``. The search never knows where that happens: the local
-executor runs each call on a thread of this process (the thread only waits on the jailed worker
-process the judge starts), and a distributed executor plugs in here with the same two methods.
-Executors are found by name in a lazy registry, so an optional one costs nothing until asked for.
+An executor takes ``submit(fn, *args) -> Future`` and runs ``fn`` (the archive's lookup, the
+sandboxed judge of one candidate, the archive's append) for one of its ``workers``, and says
+where the judging in it happens: ``judging(judge, task)`` is the function a submitted call
+judges a source with. The local executor runs each call on a thread of this process and judges
+right there (the thread only waits on the jailed worker process the judge starts); the Ray
+executor (evolve/ray_executor.py) runs the calls on threads of this process too, but only the
+judging travels: the archive stays with its one writer, here. Executors are found by name in a
+lazy registry, so an optional one costs nothing until asked for.
 """
 
 from __future__ import annotations
@@ -12,10 +15,14 @@ from __future__ import annotations
 import abc
 import concurrent.futures
 import importlib
+import os
 from collections.abc import Callable
 from typing import Any
 
 from evolve.errors import UsageError
+
+# How a submitted call judges one source: (source, cut) -> EvalResult; never raises.
+Judging = Callable[..., Any]
 
 
 class Executor(abc.ABC):
@@ -25,6 +32,21 @@ class Executor(abc.ABC):
         if workers < 1:
             raise UsageError(f"an executor needs at least one worker, got {workers}")
         self.workers = workers
+
+    def describe(self) -> str:
+        """Where and how many at once, for the run's first line."""
+        return f"here, {self.workers} at once"
+
+    def judging(self, judge, task) -> Judging:
+        """The function a submitted call judges a source of ``task`` with: here, ``judge`` itself."""
+        judge.reference_timing(task)      # once, before any candidate runs
+        return lambda source, cut=None: judge.evaluate(source, task, prune_above_cycles=cut)
+
+    def judge_all(self, judge, task, sources: list[str], cut: int | None = None) -> list:
+        """Judge several sources at once, one per worker; verdicts in the sources' order."""
+        judging = self.judging(judge, task)
+        futures = [self.submit(judging, source, cut) for source in sources]
+        return [f.result() for f in futures]
 
     @abc.abstractmethod
     def submit(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
@@ -46,9 +68,9 @@ class LocalExecutor(Executor):
 
     name = "local"
 
-    def __init__(self, workers: int) -> None:
-        super().__init__(workers)
-        self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="judge")
+    def __init__(self, workers: int = 0) -> None:
+        super().__init__(workers or os.cpu_count() or 1)
+        self._pool = concurrent.futures.ThreadPoolExecutor(self.workers, thread_name_prefix="judge")
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
         return self._pool.submit(fn, *args)
@@ -58,11 +80,18 @@ class LocalExecutor(Executor):
 
 
 # name -> "module:Class"; imported only when asked for.
-EXECUTORS = {"local": "evolve.executor:LocalExecutor"}
+EXECUTORS = {"local": "evolve.executor:LocalExecutor", "ray": "evolve.ray_executor:RayExecutor"}
 
 
-def make_executor(name: str, workers: int, **options: Any) -> Executor:
+def make_executor(name: str, workers: int = 0, **options: Any) -> Executor:
+    """Executor ``name`` with ``workers`` calls at once (0: as many as it has cores or chips)."""
     if name not in EXECUTORS:
         raise UsageError(f"unknown executor {name!r}; use one of: {', '.join(sorted(EXECUTORS))}")
     module, cls = EXECUTORS[name].split(":")
     return getattr(importlib.import_module(module), cls)(workers, **options)
+
+
+def open_executor(settings) -> Executor:
+    """The executor a run's judge settings (evolve.config.JudgeSettings) name."""
+    options = {"address": settings.ray_address} if settings.executor == "ray" else {}
+    return make_executor(settings.executor, settings.workers, **options)

@@ -24,7 +24,7 @@ from evaluator.result import EvalResult, Status
 from evaluator.versions import versions
 from evolve.config import RunConfig
 from evolve.individual import Individual
-from evolve.executor import make_executor
+from evolve.executor import Executor, open_executor
 from evolve.search import Search
 from evolve.strategies import strategy_class
 from mlflow_runs import Tracker, ensure_store
@@ -67,8 +67,11 @@ class Progress:
 
 class EvolutionRun:
     def __init__(self, config: RunConfig, data_dir: str, run_id: str | None = None,
-                 strategy: str = "ga") -> None:
-        workers = config.judge.workers or (os.cpu_count() or 1)
+                 strategy: str = "ga", executor: Executor | None = None) -> None:
+        """``executor``: where candidates are judged (the caller's, left open); None: the one the
+        configuration names, opened for the search and shut down after it."""
+        self.executor = executor
+        workers = config.judge.workers or (executor.workers if executor else os.cpu_count() or 1)
         # Fixed now and stored with the run: a resume elsewhere replays the same run.
         config = dataclasses.replace(
             config, judge=dataclasses.replace(config.judge, workers=workers),
@@ -91,9 +94,12 @@ class EvolutionRun:
         self.in_run: set[str] = set()        # individuals that have a row in this run
         self.peers: dict[str, EvalResult] = {}
         self._peer_thread: threading.Thread | None = None
+        self._judging = None                 # (source, cut) -> EvalResult: the executor's, for the search
         self.progress = Progress(config.search.total())
 
     # ---- evaluation: archive first, then the judge, row appended the moment it is judged -------
+    # Every call runs in this process (on the executor's threads): the archive has one writer. Only
+    # the judging itself may run elsewhere (executor.judging).
     def _cached(self, ind: Individual) -> EvalResult | None:
         hit = self.archive.lookup(ind.id, self.task.key, self.prov.chip, self.prov.timing_source,
                                   self.prov.libtpu_version)
@@ -119,7 +125,7 @@ class EvolutionRun:
         if cached is not None:
             result, judged = cached, False
         else:
-            result, judged = self.judge.evaluate(ind.source, self.task, prune_above_cycles=cut), True
+            result, judged = self._judging(ind.source, cut), True
         row = self._row(ind, result, from_archive=not judged)
         fresh = ind.id not in self.in_run     # judged now, or judged by another run: record it here
         if fresh:
@@ -160,7 +166,7 @@ class EvolutionRun:
     def _judge_peers(self) -> None:
         # The strongest alternatives a user has (the seed names them), judged by the same judge.
         for name, path in self.seed.peer_paths().items():
-            self.peers[name] = self.judge.evaluate(path.read_text(), self.task)
+            self.peers[name] = self._judging(path.read_text())
 
     def start_peers(self) -> None:
         """Judge the peers in the background while the search runs (they are not individuals:
@@ -170,11 +176,16 @@ class EvolutionRun:
             self._peer_thread.start()
 
     def _search_all(self) -> Individual | None:
-        self.judge.reference_timing(self.task)
+        if self.executor is not None:
+            return self._search_on(self.executor)
+        with open_executor(self.config.judge) as executor:
+            return self._search_on(executor)
+
+    def _search_on(self, executor: Executor) -> Individual | None:
+        self._judging = executor.judging(self.judge, self.task)   # times the reference here, once
         self.start_peers()
         search = self._search()
-        with make_executor("local", self.judge.config.workers) as executor:
-            champion = search.run(executor)
+        champion = search.run(executor)
         return self._finish(search, champion)
 
     def start(self) -> Individual | None:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Install (into ./.venv) and run the test suite: lint, then the fast tests (slow ones: -m slow).
-EXTRAS=test source "$(dirname "$0")/_venv.sh"
+# Install (into ./.venv, with Ray for the Ray executor's tests) and run the test suite: lint, then the fast
+# tests (slow ones: -m slow).
+EXTRAS=test,ray source "$(dirname "$0")/_venv.sh"
 # The UI test drives a real Chromium. As root on Debian, install Debian's package if it is missing;
 # elsewhere that one test is skipped and says why.
 if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

@@ -42,7 +42,7 @@ def test_ablate_json_has_every_operator_the_grid_and_jax(tmp_path):
 
 
 def test_leave_one_out_drops_exactly_the_edits_that_do_not_pay():
-    """Unit test (a stand-in judge scoring by the operators present): compact_scratch and
+    """Unit test (a stand-in executor scoring by the operators present): compact_scratch and
     vmem_limit cost time here, the rest pays; both are dropped, nothing else is."""
     import dataclasses
 
@@ -57,7 +57,7 @@ def test_leave_one_out_drops_exactly_the_edits_that_do_not_pay():
     cost = {"compact_scratch": +10, "vmem_limit": +5, "causal_skip": -30, "deferred_norm": -20}
 
     class StandIn:
-        def evaluate_many(self, sources, task):
+        def judge_all(self, judge, task, sources, cut=None):
             return [self.score(s) for s in sources]
 
         def score(self, source):
@@ -77,7 +77,7 @@ def test_leave_one_out_drops_exactly_the_edits_that_do_not_pay():
     source, kept = replay_applicable(seed_source(), chain, task)
     by_source[source] = kept
     start = Entry("grid", tuple(kept), source, StandIn().score(source))
-    best, dropped = drop_what_does_not_pay(StandIn(), seed_source(), task, start)
+    best, dropped = drop_what_does_not_pay(StandIn(), None, seed_source(), task, start)
     assert sorted(dropped) == ["compact_scratch", "vmem_limit"]
     assert [e.op for e in best.edits] == ["causal_skip", "deferred_norm", "block_sizes"]
     assert dataclasses.asdict(best.result.metrics)["estimated_cycles"] == 50
