@@ -11,8 +11,8 @@ import random
 from pathlib import Path
 
 from evaluator.judge import Judge
-from evolve.executor import Executor, LocalExecutor
 from evaluator.result import EvalResult
+from evolve.executor import Executor, LocalExecutor
 from mutations import Edit, all_operators
 from mutations._replay import replay_applicable
 

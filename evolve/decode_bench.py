@@ -178,7 +178,10 @@ def four_chip_row(seed_ref: str, task, judge: Judge, best_one: float | None, pri
             failures.append(f"{combine}: FAIL correctness: {checked[key].get('reason')}")
             continue
         t = multichip.time_four_chips(seed_ref, task, prov.chip, block_kv=bk, combine=combine)
-        (timings if t.status == "ok" else failures).append(t if t.status == "ok" else f"{combine}: {t.status}")
+        if t.status == "ok":
+            timings.append(t)
+        else:
+            failures.append(f"{combine}: {t.status}")
     if not timings:
         return DecodeRow(status="; ".join(failures)[:240], **empty, **common)
     best = min(timings, key=lambda t: t.latency_s)

@@ -277,16 +277,19 @@ def check(seed: str, task, *, block_kv: int, combine: str, timeout: float = 1200
 def chip_hbm_bytes(task, block_kv: int) -> list[int]:
     """Per chip, the bytes its kernel moves (the judge's fetch-on-change rule walked in grid order): K/V
     blocks, q in, and the partials out (acc, m, l in f32) per (b, h, t) row."""
+    from evaluator.hbm_traffic import _transfers
+
     quarter = task.kv_len // CHIPS
     bk, group, itemsize = min(block_kv, quarter), task.heads // task.kv_heads, task.itemsize
     lengths, out = np.asarray(task.timing_lengths), []
     row_bytes = task.q_len * (task.head_dim * itemsize + task.head_dim * 4 + 2 * STATS * 4)
+    kv_block = bk * task.head_dim * itemsize
     for c in range(CHIPS):
         mine = np.clip(lengths - c * quarter, 0, quarter)
         index = [(b, h // group, min(j, max(0, (int(mine[b]) - 1) // bk)))
                  for b in range(len(lengths)) for h in range(task.heads) for j in range(quarter // bk)]
-        blocks = sum(1 for s, i in enumerate(index) if s == 0 or index[s - 1] != i)
-        out.append(2 * blocks * bk * task.head_dim * itemsize + len(lengths) * task.heads * row_bytes)
+        kv = 2 * _transfers(index, lambda _: kv_block, output=False)          # K and V
+        out.append(kv + len(lengths) * task.heads * row_bytes)
     return out
 
 
