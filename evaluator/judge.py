@@ -211,9 +211,18 @@ class Judge:
         self._small_inputs: dict[SeedTask, dict[str, np.ndarray]] = {}
 
     # ---- provenance --------------------------------------------------------------------------
-    def provenance(self) -> Provenance:
+    def source_label(self, task: SeedTask | None = None) -> str:
+        """What this judge's figures on ``task`` are called. A task with a mesh adds the ICI model
+        (``evaluator/ici_model.py``) to every figure, a 1-chip candidate's (no collective) included,
+        so that all the figures of one task are one model and no other figure is compared with them."""
+        label = self.timing.label or self.timing.name
+        if task is not None and task.chips > 1 and self.timing.name == "compiler_estimate":
+            label += "+ici_model"
+        return label
+
+    def provenance(self, task: SeedTask | None = None) -> Provenance:
         v = versions()
-        return Provenance(timing_source=self.timing.label or self.timing.name, chip=self.chip.name,
+        return Provenance(timing_source=self.source_label(task), chip=self.chip.name,
                           jax_version=v["jax_version"], jaxlib_version=v["jaxlib_version"],
                           libtpu_version=v["libtpu_version"])
 
@@ -252,20 +261,25 @@ class Judge:
 
     def _run_runner(self, private: Path, task: SeedTask, mode: str, program: str | None,
                     input_dirs: list[str], compile_tpu: bool = True, prune: dict | None = None,
-                    timing_input: str | None = None) -> ChildOutcome:
+                    timing_input: str | None = None, chips: int = 1) -> ChildOutcome:
         request = {"mode": mode, "program": program, "task": task.fields(), "task_source": task_source(task),
                    "specs": task.input_specs(), "input_names": list(task.input_names),
                    "topology": self.chip.topology, "on_tpu": self.on_tpu, "inputs": input_dirs,
                    # whose values data-dependent index maps are evaluated on (the HBM traffic model)
                    "timing_input": timing_input or (input_dirs[0] if input_dirs else None),
                    "out_dir": str(private), "timing": self.timing.worker_request(),
-                   "refuse": list(TRACE_REFUSALS), "compile": compile_tpu, "prune": prune}
+                   "refuse": list(TRACE_REFUSALS), "compile": compile_tpu, "prune": prune,
+                   "chips": chips, "mesh_axis": task.mesh_axis,
+                   "chip_specs": task.chip_specs(chips) if chips > 1 else None}
         # Defence in depth: the runner parses programs a candidate produced. Off a TPU host it is
         # jailed too (it needs no device); its private dir is hidden from workers by their mounts.
         jailed = self.isolation.enabled and not self.on_tpu
         if jailed:
             os.chown(private, jail.NOBODY, jail.NOBODY)
-        outcome = self._run("evaluator.runner", private, request, self._runner_env(private), jailed=jailed)
+        env = self._runner_env(private)
+        if chips > 1 and not self.on_tpu:     # the per-chip program is checked on as many CPU devices
+            env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={chips}"
+        outcome = self._run("evaluator.runner", private, request, env, jailed=jailed)
         if self.on_tpu and outcome.returncode != 0:
             Path("/tmp/libtpu_lockfile").unlink(missing_ok=True)   # a killed runner's leftover
         return outcome
@@ -310,7 +324,7 @@ class Judge:
     def _reference_key(self, task: SeedTask) -> str:
         """What a stored reference timing depends on: the task, the chip, the timing source, the
         versions, and the task's own code (a changed reference program is timed again)."""
-        source = self.timing.label or self.timing.name
+        source = self.source_label(task)
         v = versions()
         return (f"{task.key}|{self.chip.name}|{source}|libtpu={v['libtpu_version']}|jax={v['jax_version']}"
                 f"|task={_code_digest(type(task))}")
@@ -401,7 +415,7 @@ class Judge:
             result = self._evaluate(source, task, prune_above_cycles)
         except Exception as exc:  # noqa: BLE001 - a judge bug must not kill a run
             result = EvalResult(Status.CRASH, error=f"internal judge error: {type(exc).__name__}: {exc}",
-                                stage="judge", provenance=self.provenance())
+                                stage="judge", provenance=self.provenance(task))
         return dataclasses.replace(result, wall_time_s=time.monotonic() - start)
 
     def estimate(self, source: str, task: SeedTask) -> tuple[int | None, list[dict], str]:
@@ -431,7 +445,8 @@ class Judge:
             for name, array in self._small_timing_arrays(task).items():
                 save_array(small / f"{name}.npy", array)
             run = self._run_runner(private, task, "candidate" if program is not None else "reference",
-                                   str(path) if program is not None else None, [], timing_input=str(small))
+                                   str(path) if program is not None else None, [], timing_input=str(small),
+                                   chips=self._traced_chips(outcome) if program is not None else 1)
             failure = self._failure(run)
             if failure is not None:
                 return Timing(None, error=failure[2]), []
@@ -458,6 +473,12 @@ class Judge:
             return list(pool.map(lambda s: self.evaluate(s, task, prune_above_cycles=prune_above_cycles),
                                  sources))
 
+    def _traced_chips(self, outcome: ChildOutcome) -> int:
+        """The chip count the worker traced the candidate for (1, or the task's mesh; the runner
+        checks the program against the task's per-chip inputs for it)."""
+        chips = self._stage_data(outcome).get("lower", {}).get("chips", 1)
+        return chips if isinstance(chips, int) and not isinstance(chips, bool) and chips >= 1 else 1
+
     def _trace(self, source: str, task: SeedTask) -> tuple[ChildOutcome, bytes | None]:
         """Run the candidate in the jail; return what it said and the jaxpr it traced (as data)."""
         scratch = Path(tempfile.mkdtemp(prefix="pallas-evolve-cand-"))
@@ -467,6 +488,8 @@ class Judge:
                 os.chown(scratch, jail.NOBODY, jail.NOBODY)
             request = {"kernel_path": str(scratch / "kernel.py"), "entry": self.config.entry or task.entry,
                        "specs": task.input_specs(), "kwargs": task.kernel_kwargs(), "out_dir": str(scratch)}
+            if task.chips > 1:     # a candidate may use the whole mesh (CHIPS = task.chips)
+                request["mesh"] = {"axis": task.mesh_axis, "specs": {str(task.chips): task.chip_specs(task.chips)}}
             # The worker only loads and traces: it gets those two budgets, in all.
             budgets = self.config.budgets
             outcome = self._run("evaluator.worker", scratch, request, self._child_env(scratch),
@@ -477,7 +500,7 @@ class Judge:
 
     def _evaluate(self, source: str, task: SeedTask, prune_above_cycles: int | None = None
                   ) -> EvalResult:
-        prov = self.provenance()
+        prov = self.provenance(task)
         screened = screen_source(source, entry=self.config.entry or task.entry, params=tuple(task.input_names),
                                  keywords=tuple(task.kernel_kwargs()))
         if not screened.ok:
@@ -505,12 +528,14 @@ class Judge:
             prune = None
             if prune_above_cycles is not None and self.timing.name == "compiler_estimate":
                 prune = {"estimate_dir": str(private / "llo"), "above_cycles": int(prune_above_cycles)}
-            outcome = self._run_runner(private, task, "candidate", str(path), input_dirs, prune=prune)
+            chips = self._traced_chips(traced)
+            outcome = self._run_runner(private, task, "candidate", str(path), input_dirs, prune=prune,
+                                       chips=chips)
             data = self._stage_data(outcome)
             compiled = data.get("compile", {})
             findings = data.get("audit", {}).get("findings", [])
             metrics = dataclasses.replace(
-                metrics, vmem_bytes=compiled.get("vmem_bytes"), copy_trap=compiled.get("copy_trap"),
+                metrics, vmem_bytes=compiled.get("vmem_bytes"), copy_trap=compiled.get("copy_trap"), chips=chips,
                 compile_time_s=compiled.get("compile_time_s"), runner_time_s=outcome.wall_time_s,
                 lower_time_s=data.get("audit", {}).get("lower_time_s"),
                 correctness_time_s=data.get("correctness", {}).get("correctness_time_s"),
@@ -532,7 +557,6 @@ class Judge:
             if len(outputs) != len(truth):
                 return EvalResult(Status.CRASH, error="the runner did not return every output",
                                   stage="correctness", metrics=metrics, provenance=prov)
-            atol, rtol = task.tolerance
             worst = (0.0, 0.0, 0.0)
             for i, g in enumerate(truth):
                 try:
@@ -540,9 +564,7 @@ class Judge:
                 except (OSError, ValueError) as exc:
                     return EvalResult(Status.FAIL_CORRECTNESS, error=f"unreadable output: {exc}",
                                       stage="correctness", metrics=metrics, provenance=prov)
-                cmp = compare(out, g.f32, expected_dtype=task.output_dtype, atol=atol, rtol=rtol,
-                              label=g.label, baseline=g.program_out,
-                              baseline_factor=self.config.reference_error_factor)
+                cmp = self._compare_chips(out, g, task, chips)
                 worst = (max(worst[0], cmp.max_abs_error or 0.0), max(worst[1], cmp.max_rel_error or 0.0),
                          max(worst[2], cmp.baseline_abs_error or 0.0))
                 if not cmp.ok:
@@ -570,7 +592,7 @@ class Judge:
             return EvalResult(Status.FAIL_TIMING, error=timing.error, stage="performance",
                               metrics=metrics, provenance=prov)
         reference = self.reference_timing(task)
-        roof = roofline(task.flops, task.bytes_moved, timing.latency_s, self.chip)
+        roof = roofline(task.flops, task.bytes_moved, timing.latency_s, self.chip, chips)
         speedup = (reference.latency_s / timing.latency_s) if reference.latency_s else None
         metrics = dataclasses.replace(
             metrics, latency_s=timing.latency_s, latency_ci_s=timing.ci_s, estimated_cycles=timing.cycles,
@@ -583,6 +605,24 @@ class Judge:
                 f"{roof.roofline_latency_s:.3e} s for this task on {self.chip.name}"))
         error = "" if reference.latency_s else reference.error
         return EvalResult(Status.PASS, error=error, stage="metrics", metrics=metrics, provenance=prov)
+
+    def _compare_chips(self, out: np.ndarray, truth: GroundTruth, task: SeedTask, chips: int):
+        """The output against the truth; a per-chip program's output is every chip's, and every
+        chip must hold the right answer (the first that does not is the verdict)."""
+        atol, rtol = task.tolerance
+        kwargs = dict(expected_dtype=task.output_dtype, atol=atol, rtol=rtol, baseline=truth.program_out,
+                      baseline_factor=self.config.reference_error_factor)
+        if chips == 1:
+            return compare(out, truth.f32, label=truth.label, **kwargs)
+        if out.ndim == 0 or out.shape[0] != chips:
+            return compare(out, truth.f32, label=f"{truth.label}, {chips} chips' outputs", **kwargs)
+        worst = None
+        for chip in range(chips):
+            cmp = compare(out[chip], truth.f32, label=f"{truth.label}, chip {chip} of {chips}", **kwargs)
+            if not cmp.ok:
+                return cmp
+            worst = cmp if worst is None or (cmp.max_abs_error or 0) > (worst.max_abs_error or 0) else worst
+        return worst
 
     def _failure(self, outcome: ChildOutcome) -> tuple[Status, str, str] | None:
         """The status of a worker that did not finish cleanly, or None if it did."""

@@ -49,6 +49,7 @@ class Metrics:
     roofline_latency_s: float | None = None
     vmem_bytes: int | None = None
     copy_trap: bool | None = None
+    chips: int | None = None                           # chips the kernel ran on (a task's mesh: 1 or all)
     compile_time_s: float | None = None
     max_abs_error: float | None = None
     max_rel_error: float | None = None

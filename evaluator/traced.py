@@ -79,8 +79,11 @@ def check(closed) -> None:
     for name, why in _REFUSED.items():
         if name in names:
             raise Refused(f"refused: {why}")
-    if closed.effects:
-        raise Refused(f"refused: the program has side effects ({', '.join(map(str, closed.effects))}); "
+    # A per-chip program names its mesh axis (a collective's NamedAxisEffect): not a side effect;
+    # the runner binds the axis to the task's mesh, and an axis it does not bind fails there.
+    effects = [e for e in closed.effects if type(e).__name__ != "NamedAxisEffect"]
+    if effects:
+        raise Refused(f"refused: the program has side effects ({', '.join(map(str, effects))}); "
                       "a kernel must be a pure function of q, k and v")
 
 
@@ -120,12 +123,12 @@ def export(closed, interpret: bool, platform: str, args):
     return jexport.export(jax.jit(program), platforms=[platform])(*args)
 
 
-def trace(fn, args):
+def trace(fn, args, axis_env=None):
     """Trace ``fn`` once on ``args`` (ShapeDtypeStructs) into a closed jaxpr; refuse what cannot
-    be one program."""
+    be one program. ``axis_env`` ([(name, size)]) binds a mesh axis for a per-chip program."""
     import jax
 
-    closed = jax.make_jaxpr(fn)(*args)
+    closed = jax.make_jaxpr(fn, axis_env=axis_env)(*args)
     check(closed)
     return closed
 

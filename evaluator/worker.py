@@ -8,7 +8,11 @@ never compiles for the TPU, never writes an output or a profile. Everything afte
 happens in the trusted runner (``runner.py``), which never imports candidate code.
 
 Request keys: ``kernel_path``, ``entry``, ``specs`` ([shape, dtype] of each input), ``kwargs``
-(the entry point's static keyword arguments), ``out_dir``. The worker knows no seed.
+(the entry point's static keyword arguments), ``out_dir``, and for a task with a mesh ``mesh``
+({"axis": name, "specs": {chips: per-chip specs}}): a kernel whose module sets ``CHIPS`` to one of
+those counts is traced as the per-chip program, at the per-chip specs, with the axis bound. The
+worker says which count it traced for; the runner trusts nothing of it but checks the jaxpr's
+inputs against the task's per-chip specs for that count. The worker knows no seed.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ PROGRAM_FILE = "program.jaxpr"
 
 
 def _load_kernel(path: str, entry: str):
+    """The candidate's module and its entry point."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("candidate_kernel", path)
@@ -32,7 +37,20 @@ def _load_kernel(path: str, entry: str):
     fn = getattr(module, entry, None)
     if not callable(fn):
         raise TypeError(f"the kernel module has no callable '{entry}'")
-    return fn
+    return module, fn
+
+
+def _chips(module, mesh: dict | None) -> int:
+    """How many chips the kernel says it uses (module-level CHIPS, default 1), if the task has them."""
+    chips = getattr(module, "CHIPS", 1)
+    offered = sorted(int(c) for c in (mesh or {}).get("specs", {}))
+    if chips == 1:
+        return 1
+    if isinstance(chips, bool) or not isinstance(chips, int) or chips not in offered:
+        raise ValueError(f"the kernel sets CHIPS={chips!r}, but the task offers "
+                         f"{' or '.join(map(str, [1, *offered]))} chip(s); run with --chips {chips} "
+                         "or use a 1-chip kernel")
+    return chips
 
 
 def main(request_path: str) -> int:
@@ -48,18 +66,21 @@ def main(request_path: str) -> int:
 
         from evaluator import traced, wire
 
-        kernel = _load_kernel(req["kernel_path"], req["entry"])
+        module, kernel = _load_kernel(req["kernel_path"], req["entry"])
         fn = functools.partial(kernel, **req["kwargs"])
+        mesh = req.get("mesh")
+        chips = _chips(module, mesh)
 
         stage = "lower"
         reporter.stage(stage)
         t0 = time.perf_counter()
-        specs = tuple(jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype)) for shape, dtype in req["specs"])
-        closed = traced.trace(fn, specs)
+        shapes = req["specs"] if chips == 1 else mesh["specs"][str(chips)]
+        specs = tuple(jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype)) for shape, dtype in shapes)
+        closed = traced.trace(fn, specs, axis_env=[(mesh["axis"], chips)] if chips > 1 else None)
         with open(f"{req['out_dir']}/{PROGRAM_FILE}", "wb") as fh:
             fh.write(wire.dumps(closed))
         reporter.send(event="stage_ok", stage=stage,
-                      data={"trace_time_s": time.perf_counter() - t0})
+                      data={"trace_time_s": time.perf_counter() - t0, "chips": chips})
     except BaseException as exc:  # noqa: BLE001 - everything is reported, nothing escapes
         reporter.error(stage, exc)
         return 1

@@ -20,6 +20,13 @@ def add_task_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None,
                         help="attention seeds: causal (default) or full attention (--no-causal)")
     parser.add_argument("--dtype", default=None, help="bfloat16 (the seeds' default), float16 or float32")
+    add_chips_argument(parser)
+
+
+def add_chips_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--chips", type=int, default=None,
+                        help="the task's mesh: 1 (default) or, for seeds that offer one (flash_decoding), 4 "
+                             "(a v5e 2x2; a kernel that sets CHIPS = 4 is the per-chip program)")
 
 
 def load_seed_arg(name_or_path: str):
@@ -36,7 +43,8 @@ def task_from_args(args: argparse.Namespace):
 
     if args.chip not in CHIPS:
         raise UsageError(f"unknown chip {args.chip!r}; use --chip with one of: {', '.join(CHIPS)}")
-    return TaskConfig(seed=args.seed, shape=args.shape, causal=args.causal, dtype=args.dtype).task()
+    return TaskConfig(seed=args.seed, shape=args.shape, causal=args.causal, dtype=args.dtype,
+                      chips=args.chips).task()
 
 
 def check_tiling(source: str, task) -> None:
@@ -65,13 +73,14 @@ def format_table(result: EvalResult, path: str, task) -> str:
         ("status", d["status"]), ("error", d["error"] or "-"),
         ("timing source", f"{d['timing_source']} (chip {d['chip']}, libtpu {d['libtpu_version']}, "
                           f"jax {d['jax_version']})"),
-        ("latency", fmt(m.latency_s, " us", 1e6)),
-        ("reference latency", fmt(m.reference_latency_s, " us", 1e6)),
+        ("latency", fmt(m.latency_s, " us", 1e6) + (f" on {m.chips} chips" if (m.chips or 1) > 1 else "")),
+        ("reference latency", fmt(m.reference_latency_s, " us", 1e6)
+         + (" (the task's XLA program, on one chip)" if getattr(task, "chips", 1) > 1 else "")),
         ("speedup vs reference", fmt(m.speedup_vs_reference, "x", digits=3)),
         ("estimated cycles", "-" if m.estimated_cycles is None else f"{m.estimated_cycles:,}"),
         ("effective TFLOP/s", fmt(m.tflops, digits=3)),
         ("MXU utilisation", fmt(m.mxu_util, "%", 100, 3)),
-        ("HBM bandwidth utilisation", fmt(m.hbm_util, "%", 100, 3)),
+        ("HBM bandwidth utilisation", fmt(m.hbm_util, "%", 100, 3) + (" per chip" if (m.chips or 1) > 1 else "")),
         ("regime", m.regime or "-"),
         ("VMEM used", "-" if m.vmem_bytes is None else f"{m.vmem_bytes / 1024:.0f} KiB"),
         ("copy trap", "-" if m.copy_trap is None else ("yes" if m.copy_trap else "no")),

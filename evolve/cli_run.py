@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from evolve.cli_common import Command, add_commands as _add_commands, add_executor_arguments, print_json
+from evolve.cli_eval import add_chips_argument
 from evolve.errors import UsageError
 
 
@@ -43,7 +44,7 @@ def _config_from_args(args: argparse.Namespace):
         "search": {"population": args.population, "generations": args.generations,
                    "rng_seed": args.rng_seed, "prune_factor": args.prune_factor, "lag": args.lag},
         "task": {"seed": args.seed, "shape": args.shape, "causal": args.causal,
-                 "dtype": getattr(args, "dtype", None)},
+                 "dtype": getattr(args, "dtype", None), "chips": getattr(args, "chips", None)},
         "judge": {"chip": args.chip, "workers": args.workers, "peers": args.peers,
                   "timing": getattr(args, "timing", None), "executor": args.executor,
                   "ray_address": args.ray_address},
@@ -192,6 +193,7 @@ class RunCommand(Command):
         p.add_argument("--shape", default=None, help="e.g. B=1,H=8,N=2048,D=128")
         p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None)
         p.add_argument("--dtype", default=None, help="bfloat16 (the seeds' default), float16 or float32")
+        add_chips_argument(p)
         p.add_argument("--timing", default=None, help="auto (default: measured on a TPU host, else "
                                                        "compiler_estimate), compiler_estimate or measured")
         p.add_argument("--population", type=int, default=None)

@@ -62,12 +62,14 @@ class SearchConfig:
 @dataclasses.dataclass(frozen=True)
 class TaskConfig:
     """The seed (a built-in name or a seed directory's path) and its problem. ``shape`` None: the
-    seed's default; ``causal`` and ``dtype`` None: the seed's default (not every seed has them)."""
+    seed's default; ``causal`` and ``dtype`` None: the seed's default (not every seed has them);
+    ``chips`` None: one chip (more only for a seed whose tasks offer a mesh: ``mesh_sizes``)."""
 
     seed: str = "flash_attention"
     shape: str | None = None
     causal: bool | None = None
     dtype: str | None = None
+    chips: int | None = None
 
     def __post_init__(self) -> None:
         self.load_seed()
@@ -83,6 +85,12 @@ class TaskConfig:
     def task(self):
         seed = self.load_seed()
         options = {k: v for k, v in (("causal", self.causal), ("dtype", self.dtype)) if v is not None}
+        sizes = seed.task_class.mesh_sizes
+        if self.chips is not None and self.chips not in sizes:
+            raise UsageError(f"seed {seed.name} runs on {' or '.join(map(str, sizes))} chip(s), not --chips "
+                             f"{self.chips}" + ("; use --chips 1" if sizes == (1,) else f"; use --chips {sizes[-1]}"))
+        if self.chips is not None and len(sizes) > 1:
+            options["chips"] = self.chips
         try:
             return seed.task(self.shape, **options)
         except ValueError as exc:

@@ -297,13 +297,10 @@ def time_four_chips(seed: str, task, chip_name: str, *, block_kv: int, combine: 
                     timeout: float = 1200) -> FourChipTiming:
     """The program compiled for the chip's 4-chip topology, timed by the model above."""
     from evaluator.chips import get_chip
-    from evaluator.ici_model import ICI_FIGURES, model_collectives
-    from evaluator.timing.compiler_estimate import DUMP_FLAG, read_cycles
+    from evaluator.timing.compiler_estimate import DUMP_FLAG, read_mesh_cycles
 
     chip = get_chip(chip_name)
     plan = {"combine": combine, "block_kv": block_kv}
-    if chip_name not in ICI_FIGURES:
-        return FourChipTiming(f"refused: the ICI model has no figures for {chip_name}", **plan)
     with tempfile.TemporaryDirectory() as tmp:
         llo, hlo_path = Path(tmp) / "llo", Path(tmp) / "hlo.txt"
         request = {"kind": "compile", "seed": seed, "shape": task_shape(task), "block_kv": block_kv,
@@ -316,16 +313,9 @@ def time_four_chips(seed: str, task, chip_name: str, *, block_kv: int, combine: 
             if "RESOURCE_EXHAUSTED" in reason and "HBM" in reason:
                 reason = "does not fit the 4 chips' HBM: " + reason.split("RESOURCE_EXHAUSTED:", 1)[1].strip()
             return FourChipTiming(f"compile failed: {reason}"[:240], **plan)
-        ici = model_collectives(llo, chip_name, hlo_text=hlo_path.read_text())
-        unestimated: list[str] = []
-        cycles, why = read_cycles(llo, unestimated=unestimated)
-    stray = [u for u in unestimated if u.split("'")[1] not in ici.op_names]
-    if not ici.complete:
-        return FourChipTiming("refused: the ICI model cannot cost " +
-                              "; ".join(f"{u.kind} {u.op_name} ({u.reason})" for u in ici.not_modelled), **plan)
-    if stray or cycles is None:
-        return FourChipTiming(f"refused: 0-cycle ops that are no modelled collective: {stray}" if stray
-                              else f"refused: {why}", **plan)
+        cycles, ici, why = read_mesh_cycles(llo, hlo_path.read_text(), chip_name)
+    if cycles is None:
+        return FourChipTiming(f"refused: {why}", **plan)
     per_chip = chip_hbm_bytes(task, block_kv)
     compute_s, floor_s = cycles / chip.clock_hz, max(per_chip) / chip.hbm_bytes_per_s
     lines = tuple(f"{c.collective.kind} {c.collective.op_name}: {c.collective.bytes} B -> {c.seconds * 1e6:.2f} us "

@@ -6,6 +6,7 @@ from ._approx_reciprocal import ApproxReciprocal
 from ._base import Operator
 from ._block_sizes import BlockSizes
 from ._causal_skip import CausalSkip
+from ._chip_split import ChipSplit
 from ._compact_scratch import CompactScratch
 from ._deferred_norm import DeferredNormalisation
 from ._dimension_semantics import DimensionSemantics
@@ -21,7 +22,7 @@ _OPERATORS: dict[str, Operator] = {
     op.name: op
     for op in (BlockSizes(), CompactScratch(), DeferredNormalisation(), CausalSkip(),
                HeadCoarsening(), VmemLimit(), Exp2Softmax(), DiagonalStrips(), ApproxReciprocal(),
-               LengthSkip(), GroupedHeads(), SplitKV(), DimensionSemantics())
+               LengthSkip(), GroupedHeads(), SplitKV(), DimensionSemantics(), ChipSplit())
 }
 
 

@@ -51,6 +51,17 @@ class SeedTask:
     # More outside kernels that `evolve ablate` shows beside those.
     ablation_peers: ClassVar[dict[str, str]] = {}
 
+    # ---- a mesh of chips (optional) ------------------------------------------------------------
+    # The chip counts a task of this seed may ask for (``--chips``); a task's ``chips`` is its mesh
+    # (a seed that offers more than 1 makes it a field). A candidate uses 1 chip, or all of them by
+    # setting ``CHIPS = <chips>`` in its module: its entry point is then the *per-chip* program. It
+    # gets this chip's share of every input (``chip_split``) and must return the whole output on
+    # every chip, combining over the mesh axis ``mesh_axis`` with JAX collectives (psum, pmax,
+    # all_gather, axis_index). The judge's own harness does the ``shard_map``.
+    mesh_sizes: ClassVar[tuple[int, ...]] = (1,)
+    mesh_axis: ClassVar[str] = "chips"
+    chips: ClassVar[int] = 1
+
     # ---- to be defined by the seed -----------------------------------------------------------
     @classmethod
     def from_options(cls, shape: str | None = None, **options: Any) -> SeedTask:
@@ -98,6 +109,16 @@ class SeedTask:
     @property
     def output_dtype(self) -> str:
         return self.dtype  # type: ignore[attr-defined]  # every seed's task has a dtype field
+
+    def chip_specs(self, chips: int) -> list[tuple[tuple[int, ...], str]]:
+        """(shape, dtype) of each input as one chip of ``chips`` holds it (default: all of it)."""
+        return self.input_specs()
+
+    def chip_split(self, name: str, array: np.ndarray, chips: int) -> np.ndarray:
+        """Input ``name`` as the ``chips`` chips hold it: an array of shape ``(chips, *chip_spec)``
+        whose ``[c]`` is chip c's share (default: every chip holds all of it)."""
+        array = np.asarray(array)
+        return np.broadcast_to(array[None], (chips, *array.shape))
 
     # ---- given -------------------------------------------------------------------------------
     def fields(self) -> dict[str, Any]:

@@ -55,6 +55,29 @@ def read_cycles(dump_dir: Path, *, unestimated: list[str] | None = None) -> tupl
     return total, ""
 
 
+def read_mesh_cycles(dump_dir: Path, hlo_text: str, chip_name: str):
+    """A multi-chip program's compute cycles (every op but its collectives) and its collectives'
+    cost by the ICI model: (cycles, the model's result, "") or (None, None, why there is none).
+    The only 0-cycle ops allowed are the collectives the model costs; anything else refuses it."""
+    from evaluator.ici_model import ICI_FIGURES, model_collectives
+
+    if chip_name not in ICI_FIGURES:
+        return None, None, f"the ICI model has no figures for {chip_name}"
+    ici = model_collectives(dump_dir, chip_name, hlo_text=hlo_text)
+    if not ici.complete:
+        return None, None, "the ICI model cannot cost " + "; ".join(
+            f"{u.kind} {u.op_name} ({u.reason})" for u in ici.not_modelled)
+    unestimated: list[str] = []
+    cycles, why = read_cycles(dump_dir, unestimated=unestimated)
+    stray = [u for u in unestimated if u.split("'")[1] not in ici.op_names]
+    if cycles is None:
+        return None, None, why
+    if stray:
+        return None, None, (f"0-cycle ops that are no modelled collective: {', '.join(stray)}; "
+                            "this program can only be timed on a TPU host")
+    return cycles, ici, ""
+
+
 class CompilerEstimate(TimingSource):
     name = "compiler_estimate"
     label = "compiler_estimate+hbm"     # before the HBM floor (2026-11-23): "compiler_estimate"
@@ -67,6 +90,8 @@ class CompilerEstimate(TimingSource):
     def read(self, scratch: Path, stage_data: dict[str, dict], chip: Chip) -> Timing:
         compile_facts = stage_data.get("compile", {})
         hbm_bytes = compile_facts.get("hbm_bytes")
+        if compile_facts.get("chips", 1) > 1:
+            return self._read_mesh(scratch, compile_facts, chip)
         # Only the task's own XLA program (trusted) may have ops without an estimate: they are
         # counted by the program's HBM traffic. A candidate's never are (FAIL_TIMING).
         unestimated: list[str] | None = [] if compile_facts.get("trusted") and hbm_bytes else None
@@ -86,3 +111,25 @@ class CompilerEstimate(TimingSource):
                 f"{', '.join(unestimated)}" if unestimated else "")
         return Timing(total / chip.clock_hz, cycles=total, compute_cycles=cycles, hbm_cycles=hbm_cycles,
                       hbm_bytes=int(hbm_bytes), note=note)
+
+    def _read_mesh(self, scratch: Path, facts: dict, chip: Chip) -> Timing:
+        """A per-chip program on the mesh: per chip, the larger of its compute estimate and its HBM
+        floor (the busiest chip's bytes), then every collective as the ICI model costs it, summed
+        as if serial and not overlapped with compute (``evaluator/ici_model.py``)."""
+        try:
+            hlo = (scratch / "hlo.txt").read_text()
+        except OSError:
+            return Timing(None, error="the runner wrote no HLO for the ICI model to read")
+        cycles, ici, why = read_mesh_cycles(scratch / "llo", hlo, chip.name)
+        if cycles is None:
+            return Timing(None, error=why)
+        if facts.get("hbm_blind") or facts.get("hbm_bytes") is None:
+            return Timing(None, error="the HBM traffic model cannot count this program's kernels: "
+                          + "; ".join(facts.get("hbm_notes", [])[:3]) + "; time it on a TPU host")
+        hbm_cycles = math.ceil(int(facts["hbm_bytes"]) / chip.hbm_bytes_per_s * chip.clock_hz)
+        ici_cycles = math.ceil(ici.seconds * chip.clock_hz)
+        total = max(cycles, hbm_cycles) + ici_cycles
+        note = f"{facts['chips']} chips; collectives by the ICI model: " + "; ".join(
+            f"{c.collective.kind} {c.collective.bytes} B {c.seconds * 1e6:.2f} us" for c in ici.costs)
+        return Timing(total / chip.clock_hz, cycles=total, compute_cycles=cycles, hbm_cycles=hbm_cycles,
+                      hbm_bytes=int(facts["hbm_bytes"]), note=note)

@@ -39,6 +39,10 @@ class Task(SeedTask):
     # sequence uses the whole cache; outliers: ragged, with a few large-magnitude q, k, v entries.
     distributions = ("ragged", "full", "outliers")
     correctness_inputs = (("ragged", 0), ("full", 1), ("outliers", 2))
+    # --chips 4: a v5e 2x2. The cache is split along its length: chip c holds entries
+    # [c N/4, (c+1) N/4) of every sequence, and its own lengths clip(lengths - c N/4, 0, N/4)
+    # (0 for a chip past a sequence's end); q is on every chip.
+    mesh_sizes = (1, 4)
 
     batch: int = 8
     heads: int = 8
@@ -47,9 +51,16 @@ class Task(SeedTask):
     head_dim: int = 128
     q_len: int = 1
     dtype: str = "bfloat16"
+    chips: int = 1
 
     def __post_init__(self) -> None:
-        check_positive_ints(self, ("batch", "heads", "kv_heads", "kv_len", "head_dim", "q_len"))
+        check_positive_ints(self, ("batch", "heads", "kv_heads", "kv_len", "head_dim", "q_len", "chips"))
+        if self.chips not in self.mesh_sizes:
+            raise ValueError(f"chips must be one of {', '.join(map(str, self.mesh_sizes))} (4: a v5e 2x2), "
+                             f"got {self.chips}")
+        if self.chips > 1 and self.kv_len % (self.chips * SEQ_TILE):
+            raise ValueError(f"N={self.kv_len} does not split over {self.chips} chips into whole "
+                             f"{SEQ_TILE}-entry tiles; use an N that is a multiple of {self.chips * SEQ_TILE}")
         if self.heads % self.kv_heads:
             raise ValueError(f"H={self.heads} must be a multiple of HKV={self.kv_heads} (GQA groups)")
         if self.dtype not in DTYPES:
@@ -57,10 +68,10 @@ class Task(SeedTask):
 
     @classmethod
     def from_options(cls, shape: str | None = None, **options: Any) -> Task:
-        unknown = set(options) - {"dtype"}
+        unknown = set(options) - {"dtype", "chips"}
         if unknown:
-            raise ValueError(f"flash_decoding takes no option {', '.join(sorted(unknown))}; its only option "
-                             "is dtype")
+            raise ValueError(f"flash_decoding takes no option {', '.join(sorted(unknown))}; its options "
+                             "are dtype and chips")
         fields = parse_shape(shape, _SHAPE_KEYS, cls.shape_grammar)
         return cls(**fields, **{k: v for k, v in options.items() if v is not None})
 
@@ -68,7 +79,7 @@ class Task(SeedTask):
     @property
     def key(self) -> str:
         return (f"flash_decoding/B{self.batch}-H{self.heads}-HKV{self.kv_heads}-N{self.kv_len}"
-                f"-D{self.head_dim}-T{self.q_len}-{self.dtype}")
+                f"-D{self.head_dim}-T{self.q_len}-{self.dtype}" + (f"-{self.chips}chips" if self.chips > 1 else ""))
 
     @property
     def sm_scale(self) -> float:
@@ -109,6 +120,24 @@ class Task(SeedTask):
 
     def kernel_kwargs(self) -> dict[str, Any]:
         return {"sm_scale": self.sm_scale}
+
+    def chip_specs(self, chips: int):
+        q, cache, _, lengths = self.input_specs()
+        share = ((self.batch, self.kv_heads, self.kv_len // chips, self.head_dim), self.dtype)
+        return [q, share, share, lengths]
+
+    def chip_split(self, name: str, array, chips: int):
+        """k, v: each chip its quarter of the cache's length; lengths: each chip its own (clipped
+        to its quarter, 0 where a sequence ends before it); q: every chip all of it."""
+        array = np.asarray(array)
+        share = self.kv_len // chips
+        if name in ("k", "v"):
+            b, h, n, d = array.shape
+            return np.ascontiguousarray(array.reshape(b, h, chips, share, d).transpose(2, 0, 1, 3, 4))
+        if name == "lengths":
+            starts = np.arange(chips, dtype=np.int64)[:, None] * share
+            return np.clip(array[None].astype(np.int64) - starts, 0, share).astype(np.int32)
+        return super().chip_split(name, array, chips)
 
     def make_inputs(self, seed: int, distribution: str = "ragged"):
         import ml_dtypes
@@ -174,10 +203,15 @@ class Task(SeedTask):
 
     # ---- tiling ------------------------------------------------------------------------------------
     def tiling_problem(self, tunables: dict[str, int]) -> str | None:
-        block = tunables.get("BLOCK_KV")
-        if block and self.kv_len > block and self.kv_len % block:
-            return (f"N={self.kv_len} cannot be tiled by the kernel's BLOCK_KV={block}; "
-                    f"use an N that is a multiple of {block}")
+        block, chips = tunables.get("BLOCK_KV"), tunables.get("CHIPS", 1)
+        if chips != 1 and chips != self.chips:
+            return (f"the kernel uses CHIPS={chips}, but the task has {self.chips} chip(s); "
+                    f"run with --chips {chips} or use a 1-chip kernel")
+        share = self.kv_len // chips
+        if block and share > block and share % block:
+            per_chip = f" ({share} per chip)" if chips > 1 else ""
+            return (f"N={self.kv_len}{per_chip} cannot be tiled by the kernel's BLOCK_KV={block}; "
+                    f"use an N that is a multiple of {block * chips}")
         if self.kv_len > SEQ_TILE and self.kv_len % SEQ_TILE:
             return f"N={self.kv_len} is not a multiple of {SEQ_TILE}; use a multiple of {SEQ_TILE}"
         return None
@@ -186,12 +220,12 @@ class Task(SeedTask):
         """Two sequences, one K/V head with its query heads, a 256-entry cache (blocks larger than
         N are cut to N)."""
         return dataclasses.replace(self, batch=2, heads=self.heads // self.kv_heads, kv_heads=1,
-                                   kv_len=min(self.kv_len, 256), dtype="float32")
+                                   kv_len=min(self.kv_len, 256), dtype="float32", chips=1)
 
     def legal_values(self, tunable: str) -> list[int] | None:
         """KV blocks: multiples of 128 dividing N, up to 8192; KV splits: 1 to 16."""
-        if tunable == "BLOCK_KV":
-            n = self.kv_len
+        if tunable == "BLOCK_KV":     # with --chips 4, blocks that also tile a chip's share
+            n = self.kv_len // self.chips
             return [v for v in range(SEQ_TILE, min(n, MAX_KV_BLOCK) + 1, SEQ_TILE) if n % v == 0]
         if tunable == "KV_SPLITS":     # split-KV: the kernel uses gcd(KV_SPLITS, its kv blocks)
             return list(KV_SPLITS)
