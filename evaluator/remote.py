@@ -56,7 +56,7 @@ class JudgeSpec:
         source, fields = task_source(task), task.fields()
         key = hashlib.sha256(json.dumps([repr(config), source, repr(sorted(fields.items()))]).encode()
                              ).hexdigest()[:16]
-        return cls(config, source, fields, reference, truth, judge.provenance(), key)
+        return cls(config, source, fields, reference, truth, judge.provenance(task), key)
 
 
 # The judges this process built, by spec key (a process of a pool serves one run's task, mostly).
@@ -90,7 +90,7 @@ def judge_on_this_node(spec: JudgeSpec, source: str, cut: int | None = None) -> 
     except Exception as exc:  # noqa: BLE001 - a verdict, never an escaping exception
         return EvalResult(Status.CRASH, stage="judge", provenance=spec.provenance,
                           error=f"node {socket.gethostname()} cannot judge: {type(exc).__name__}: {exc}")
-    here = judge.provenance()
+    here = judge.provenance(task)
     if here != spec.provenance:
         return EvalResult(Status.CRASH, stage="judge", provenance=spec.provenance, error=(
             f"node {socket.gethostname()} judges with {_versions(here)}, the run with "

@@ -191,7 +191,7 @@ def run_ablation(judge: Judge, seed_source: str, task, *, peers: dict[str, Path]
 
 def ablation_json(rows: list[Entry], task, judge: Judge) -> list[dict]:
     """One object per row, each with its provenance (timing source, chip, versions)."""
-    prov = judge.provenance()
+    prov = judge.provenance(task)
     out = []
     for e in rows:
         r, m = e.result, e.result.metrics
@@ -204,7 +204,7 @@ def ablation_json(rows: list[Entry], task, judge: Judge) -> list[dict]:
 
 
 def format_ablation(rows: list[Entry], task, judge: Judge) -> str:
-    prov = judge.provenance()
+    prov = judge.provenance(task)
     seed = rows[0].result.metrics.latency_s if rows and rows[0].result else None
     lines = [f"task {task.key}; timing source: {prov.timing_source} (chip {prov.chip}, "
              f"libtpu {prov.libtpu_version}, jax {prov.jax_version})", "",

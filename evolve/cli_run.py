@@ -74,7 +74,8 @@ def _report(run, champion) -> None:
     chain = lineage_rows(run.archive, run.run_id, champion.id)
     seed = chain[0] if chain else None
     m = champion.result.metrics
-    rows = [("reference (XLA)", m.reference_latency_s, 1.0)]
+    one_chip = " on 1 chip" if getattr(run.task, "chips", 1) > 1 else ""
+    rows = [(f"reference (XLA{one_chip})", m.reference_latency_s, 1.0)]
     if seed is not None and seed.get("latency_s"):
         rows.append(("seed", seed["latency_s"], seed["speedup_vs_reference"]))
     rows.append((f"champion {champion.id}", m.latency_s, m.speedup_vs_reference))

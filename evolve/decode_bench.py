@@ -91,7 +91,7 @@ def sized_task(base, batch: int, cache_len: int):
 
 
 def _row(label: str, task, judge: Judge, timing, findings, reference, price: Price) -> DecodeRow:
-    prov = judge.provenance()
+    prov = judge.provenance(task)
     common = {"label": label, "chips": 1, "batch": task.batch, "cache_len": task.kv_len,
               "timing_source": prov.timing_source, "chip": prov.chip, "libtpu_version": prov.libtpu_version,
               "task_key": task.key}
@@ -159,7 +159,7 @@ def four_chip_row(seed_ref: str, task, judge: Judge, best_one: float | None, pri
     """The fastest correct 4-chip program (every combine tried) at this size."""
     from evolve import multichip
 
-    prov = judge.provenance()
+    prov = judge.provenance(task)
     common = {"label": "best 4-chip kernel", "chips": multichip.CHIPS, "batch": task.batch,
               "cache_len": task.kv_len, "timing_source": multichip.TIMING_LABEL, "chip": prov.chip,
               "libtpu_version": prov.libtpu_version, "task_key": task.key, "speedup_vs_reference": None,

@@ -135,7 +135,7 @@ class RayExecutor(Executor):
         from evaluator.remote import JudgeSpec
 
         spec = self._ray.put(JudgeSpec.of(judge, task))   # once per task: every node reads it from Ray
-        provenance = judge.provenance()
+        provenance = judge.provenance(task)
 
         def judge_remotely(source: str, cut: int | None = None) -> EvalResult:
             return self._judge(spec, provenance, source, cut)

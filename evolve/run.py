@@ -89,7 +89,7 @@ class EvolutionRun:
                                        cache_dir=str(self.data_dir / "cache")))
         ensure_store(self.data_dir)           # the schema, once, before any worker starts
         self.tracker = Tracker(self.data_dir)
-        self.prov = self.judge.provenance()
+        self.prov = self.judge.provenance(self.task)
         self.sources: dict[str, str] = {}
         self.in_run: set[str] = set()        # individuals that have a row in this run
         self.peers: dict[str, EvalResult] = {}

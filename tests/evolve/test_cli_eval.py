@@ -11,6 +11,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = ROOT / "seeds" / "flash_attention" / "kernel.py"
+DECODE = ROOT / "seeds" / "flash_decoding" / "kernel.py"
+FOUR_CHIPS = ROOT / "tests" / "mutations" / "expected" / "chip_split__flash_decoding@4chips__combine=gather.py"
 
 
 def evolve(*args: str, cwd=None) -> subprocess.CompletedProcess:
@@ -26,6 +28,15 @@ def test_eval_json_has_the_promised_keys():
                 "vmem_bytes", "max_abs_error", "tflops", "mxu_util"):
         assert key in out
     assert out["status"] == "PASS" and out["timing_source"] == "compiler_estimate+hbm"
+
+
+def test_eval_judges_a_per_chip_kernel_on_a_four_chip_task():
+    r = evolve("eval", str(FOUR_CHIPS), "--seed", "flash_decoding", "--chips", "4",
+               "--shape", "B=2,H=4,HKV=2,N=8192,D=128", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["status"] == "PASS" and out["chips"] == 4, out["error"]
+    assert out["timing_source"] == "compiler_estimate+hbm+ici_model"
 
 
 def test_eval_table_names_its_timing_source():
@@ -44,6 +55,12 @@ def test_eval_table_names_its_timing_source():
     (["eval", str(SEED), "--dtype", "int8"], "dtype"),
     (["eval", "/etc/passwd"], "is not Python"),
     (["eval", str(ROOT / "README.md")], "is not Python"),
+    (["eval", str(SEED), "--chips", "4"], "runs on 1 chip(s), not --chips 4"),
+    (["eval", str(DECODE), "--seed", "flash_decoding", "--chips", "3"], "not --chips 3; use --chips 4"),
+    (["eval", str(DECODE), "--seed", "flash_decoding", "--chips", "4", "--shape", "N=384"],
+     "does not split over 4 chips"),
+    (["eval", str(FOUR_CHIPS), "--seed", "flash_decoding"], "uses CHIPS=4, but the task has 1 chip(s)"),
+    (["eval", "--chips", "x", str(SEED)], "invalid int value"),
     (["eval"], "required"),
     (["frobnicate"], "invalid choice"),
 ])

@@ -18,7 +18,9 @@ SMALL_TASKS: dict[str, dict[str, tuple[str, dict]]] = {
     "flash_attention": {"small": ("B=1,H=2,N=256,D=128", {}),
                         "small-full": ("B=1,H=2,N=256,D=128", {"causal": False})},
     # GQA (H=4 over HKV=2), so that grouped_heads applies. At N=1024 libtpu's static profiler aborts.
-    "flash_decoding": {"small": ("B=2,H=4,HKV=2,N=2048,D=128,T=1", {})},
+    "flash_decoding": {"small": ("B=2,H=4,HKV=2,N=2048,D=128,T=1", {}),
+                       # a v5e 2x2 (chip_split applies); each chip's share long enough for the profiler
+                       "small-4chips": ("B=2,H=4,HKV=2,N=8192,D=128,T=1", {"chips": 4})},
     "axpy": {"small": ("M=64,N=256", {})},
 }
 

@@ -32,6 +32,7 @@ class Case:
     params: tuple[tuple[str, object], ...] = ()
     before: tuple[Edit, ...] = ()      # edits applied to the seed first (an operator's prerequisite)
     shape: str | None = None           # None: the seed's default task
+    chips: int = 1                     # the task's mesh (chip_split needs one)
 
     @property
     def name(self) -> str:
@@ -40,12 +41,13 @@ class Case:
             short = f"{params['tunable']}={params['value']}"
         else:
             short = ",".join(f"{k}={v}" for k, v in sorted(params.items()))
-        seed = "+".join([self.seed, *(e.op for e in self.before)])
+        seed = "+".join([self.seed + (f"@{self.chips}chips" if self.chips > 1 else ""),
+                         *(e.op for e in self.before)])
         return "__".join(filter(None, [self.op, seed, short]))
 
 
-def case(op: str, seed: str, before=(), shape=None, **params) -> Case:
-    return Case(op, seed, tuple(sorted(params.items())), tuple(before), shape)
+def case(op: str, seed: str, before=(), shape=None, chips=1, **params) -> Case:
+    return Case(op, seed, tuple(sorted(params.items())), tuple(before), shape, chips)
 
 
 CASES = [
@@ -76,6 +78,12 @@ CASES = [
     case("grouped_heads", "flash_decoding", shape="HKV=2"),
     case("split_kv", "flash_decoding", splits=4),
     case("split_kv", "flash_decoding", [Edit("exp2_softmax")], splits=4),
+    # flash_decoding on a v5e 2x2: the plain kernel (split-KV with one split first), a kernel already
+    # split within the chip in base 2, and a change of combine only
+    case("chip_split", "flash_decoding", chips=4, combine="gather"),
+    case("chip_split", "flash_decoding", [Edit("exp2_softmax"), Edit("split_kv", {"splits": 4})], chips=4,
+         combine="separate"),
+    case("chip_split", "flash_decoding", [Edit("chip_split", {"combine": "gather"})], chips=4, combine="packed"),
 ]
 
 
@@ -85,7 +93,7 @@ def _seed(name: str):
 
 def rewrite(c: Case) -> str:
     seed = _seed(c.seed)
-    task = seed.task(c.shape) if c.shape else seed.default_task()
+    task = seed.task(c.shape, **({"chips": c.chips} if c.chips > 1 else {}))
     base = replay(seed.kernel_source, c.before, task)
     assert base.status == "applied", base.reason
     result = get_operator(c.op).apply_params(base.source, task, dict(c.params))

@@ -1,0 +1,106 @@
+"""Multi-chip tasks (issue 11): the seed contract's per-chip shares, the harness's local stand-ins for
+collectives, and the real judge on a 4-chip flash_decoding task (the v5e 2x2 topology compiled
+ahead of time, every chip's output checked in interpret mode on 4 CPU devices, the ICI model)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from evaluator.judge import Judge, JudgeConfig
+from evaluator.mesh import MeshRefused, chip_function
+from evaluator.result import Status
+from mutations import Edit, replay
+from seeds import load_seed
+
+SHAPE = "B=2,H=4,HKV=2,N=8192,D=128,T=1"    # each chip's share (2048) long enough for the profiler
+
+
+def test_the_shares_of_a_decode_task_are_the_cache_cut_along_its_length():
+    task = load_seed("flash_decoding").task("B=3,H=2,HKV=1,N=1024,D=128", chips=4, dtype="float32")
+    q, k, v, lengths = task.make_inputs(0, "ragged")
+    assert [s for s, _ in task.chip_specs(4)] == [(3, 2, 1, 128), (3, 1, 256, 128), (3, 1, 256, 128), (3,)]
+    shares = task.chip_split("k", k, 4)
+    assert shares.shape == (4, 3, 1, 256, 128)
+    assert np.array_equal(np.concatenate(list(shares), axis=2), k)
+    mine = task.chip_split("lengths", lengths, 4)
+    assert mine.dtype == np.int32 and mine.min() >= 0 and mine.max() <= 256
+    assert np.array_equal(mine.sum(axis=0), lengths)          # every valid entry on exactly one chip
+    assert mine[:, 0].tolist() == [1, 0, 0, 0] and mine[:, -1].tolist() == [256] * 4   # lengths 1 and N
+    assert np.array_equal(task.chip_split("q", q, 4)[3], q)
+
+
+def test_a_task_asks_for_a_mesh_it_can_have():
+    seed = load_seed("flash_decoding")
+    with pytest.raises(ValueError, match="chips must be one of 1, 4"):
+        seed.task("N=8192", chips=2)
+    with pytest.raises(ValueError, match="does not split over 4 chips"):
+        seed.task("N=384", chips=4)
+    assert seed.task("N=8192", chips=4).key.endswith("-4chips") and not seed.task("N=8192").key.endswith("chips")
+    assert seed.task("N=8192", chips=4).legal_values("BLOCK_KV")[-1] == 2048    # a block tiles a share
+
+
+def test_collectives_become_local_stand_ins_of_the_same_shape():
+    import jax
+    import jax.numpy as jnp
+
+    def per_chip(x):
+        return (jax.lax.psum(x, "chips"), jax.lax.pmax(x, "chips"), jax.lax.all_gather(x, "chips"),
+                jax.lax.axis_index("chips") * jnp.ones_like(x))
+
+    closed = jax.make_jaxpr(per_chip, axis_env=[("chips", 4)])(jnp.ones(3))
+    total, top, every, index = jax.jit(chip_function(closed, 2))(jnp.arange(3.0))
+    assert total.shape == top.shape == (3,) and every.shape == (4, 3) and index.tolist() == [2, 2, 2]
+    scatter = jax.make_jaxpr(lambda x: jax.lax.psum_scatter(x, "chips"), axis_env=[("chips", 4)])(jnp.ones(4))
+    with pytest.raises(MeshRefused, match="no local stand-in"):
+        jax.jit(chip_function(scatter, 0))(jnp.ones(4))
+
+
+@pytest.fixture(scope="module")
+def verdicts(tmp_path_factory):
+    seed = load_seed("flash_decoding")
+    task = seed.task(SHAPE, chips=4)
+    naive = seed.kernel_source
+    gather = replay(naive, [Edit("chip_split", {"combine": "gather"})], task)
+    packed = replay(naive, [Edit("length_skip", {"compute": False}), Edit("chip_split", {"combine": "packed"})],
+                    task)
+    assert gather.applied and packed.applied, (gather.reason, packed.reason)
+    # Each chip normalises its own share and returns it: no combine across the chips.
+    no_combine = gather.source.replace(
+        "out = _across_chips(jnp.sum(weight * acc_part, axis=2), m_chip[:, :, 0], jnp.sum(weight * l_part, axis=2),\n"
+        "                        jnp.exp).astype(q.dtype)",
+        "out = (jnp.sum(weight * acc_part, axis=2) / jnp.sum(weight * l_part, axis=2)).astype(q.dtype)")
+    two_chips = gather.source.replace("CHIPS = 4", "CHIPS = 2")
+    assert no_combine != gather.source and two_chips != gather.source
+    judge = Judge(JudgeConfig(chip="v5e", timing="compiler_estimate", workers=2,
+                              cache_dir=str(tmp_path_factory.mktemp("cache"))))
+    names = ("naive", "gather", "packed", "no_combine", "two_chips")
+    results = judge.evaluate_many([naive, gather.source, packed.source, no_combine, two_chips], task)
+    return dict(zip(names, results))
+
+
+def test_a_four_chip_kernel_passes_on_every_chip_and_is_timed_with_its_collectives(verdicts):
+    for name in ("gather", "packed"):
+        r = verdicts[name]
+        assert r.status == Status.PASS, (name, r.error)
+        assert r.provenance.timing_source == "compiler_estimate+hbm+ici_model" and r.metrics.chips == 4
+        # The whole task's bytes over four chips' bandwidth: a 4-chip kernel is not SUSPECT.
+        assert 0 < r.metrics.hbm_util < 1 and r.metrics.roofline_latency_s < r.metrics.latency_s
+
+
+def test_a_one_chip_kernel_of_a_four_chip_task_is_read_by_the_same_model(verdicts):
+    r = verdicts["naive"]
+    assert r.status == Status.PASS and r.metrics.chips == 1, r.error
+    assert r.provenance.timing_source == "compiler_estimate+hbm+ici_model"
+    # Each chip reads a quarter of the cache: under one model, the split kernel is faster.
+    assert verdicts["gather"].metrics.latency_s < r.metrics.latency_s / 2
+
+
+def test_a_per_chip_program_without_a_combine_fails_correctness_naming_the_chip(verdicts):
+    r = verdicts["no_combine"]
+    assert r.status == Status.FAIL_CORRECTNESS and "chip 0 of 4" in r.error, (r.status, r.error)
+
+
+def test_a_kernel_asking_for_chips_the_task_does_not_offer_is_refused_in_one_line(verdicts):
+    r = verdicts["two_chips"]
+    assert r.status != Status.PASS and "CHIPS=2" in r.error and "--chips 2" in r.error, (r.status, r.error)
