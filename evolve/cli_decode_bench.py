@@ -88,7 +88,7 @@ class DecodeBenchCommand(Command):
         judge = Judge(JudgeConfig(chip=args.chip, workers=1))
         rows = run_decode_bench(judge, seed, base, batches=batches, cache_lens=cache_lens, chain=chain, price=price,
                                 progress=lambda key: print(f"decode-bench: {key}", file=sys.stderr),
-                                chips=chips, seed_ref=args.seed)
+                                chips=chips)
         table = format_table(rows, price)
         (args.out / "decode-bench.md").write_text(table + "\n")
         print_to = args.out / "decode-bench.json"

@@ -6,8 +6,9 @@ the judge's timing source without a correctness check (the caches are too large 
 interpreter: the kernels' correctness comes from ``evolve ablate``/``evolve eval`` at a checkable
 shape). The kernels: the task's XLA program, the naive seed, and, given an ``evolve ablate
 --format json`` output, its best chain replayed at each size; and with 4 chips, the best of the
-4-chip programs of ``evolve.multichip`` (cache split along its length over a v5e 2x2, each combine
-tried; each checked once for correctness in interpret mode on 4 CPU devices at a checkable shape).
+4-chip kernels the ``chip_split`` operator makes of it (the task with ``--chips 4``: the cache split
+along its length over a v5e 2x2, judged by the judge's own 4-chip path, ``evaluator/mesh.py``), each combine
+tried; each checked once by the judge at a checkable shape).
 The 4-chip rows carry their own timing source (``compiler_estimate+hbm+ici_model``): the 1-chip
 rows' model (max(compute estimate, HBM floor)) plus the ICI model's collectives. Their speedup over
 the XLA reference is not quoted (another source); their ratio to the best 1-chip kernel, the
@@ -114,10 +115,10 @@ def _row(label: str, task, judge: Judge, timing, findings, reference, price: Pri
 
 def run_decode_bench(judge: Judge, seed, base_task, *, batches=BATCHES, cache_lens=CACHE_LENS,
                      chain: tuple[str, list[Edit]] | None = None, price: Price, progress=None,
-                     chips: tuple[int, ...] = (1,), seed_ref: str = "flash_decoding") -> list[DecodeRow]:
-    """Rows per size; with 4 in ``chips``, a 4-chip row (``seed_ref``: the seed as the CLI named it)."""
+                     chips: tuple[int, ...] = (1,)) -> list[DecodeRow]:
+    """Rows per size; with 4 in ``chips``, a 4-chip row."""
     rows: list[DecodeRow] = []
-    checked: dict = {}              # (block, combine) -> the 4-chip program's correctness verdict
+    checked: dict = {}              # a 4-chip kernel's source -> its verdict at the check size
     for cache_len in cache_lens:
         for batch in batches:
             task = sized_task(base_task, batch, cache_len)
@@ -141,62 +142,93 @@ def run_decode_bench(judge: Judge, seed, base_task, *, batches=BATCHES, cache_le
             if 4 in chips:
                 best_one = min((r.latency_s for r in rows if r.cache_len == cache_len and r.batch == batch
                                 and r.chips == 1 and r.latency_s and r.label != "XLA reference"), default=None)
-                rows.append(four_chip_row(seed_ref, task, judge, best_one, price, block_kv=_block_kv(chain),
-                                          checked=checked))
+                rows.append(four_chip_row(seed, task, judge, chain, best_one, price, checked=checked))
     return rows
 
 
-def _block_kv(chain: tuple[str, list[Edit]] | None) -> int:
-    """The 4-chip program's KV block: the best 1-chip kernel's, else 2048 (the ablation's usual best)."""
-    for edit in (chain[1] if chain else []):
-        if edit.op == "block_sizes" and edit.params.get("tunable") == "BLOCK_KV":
-            return int(edit.params["value"])
-    return 2048
+COMBINES = ("gather", "packed", "separate")
+CHECK_BATCH, CHECK_SHARE_BLOCKS = 3, 2     # the 4-chip check: B=3, each chip's share two blocks long
 
 
-def four_chip_row(seed_ref: str, task, judge: Judge, best_one: float | None, price: Price, *, block_kv: int,
-                  checked: dict) -> DecodeRow:
-    """The fastest correct 4-chip program (every combine tried) at this size."""
-    from evolve import multichip
+def _four_chip_kernel(source: str, edits: list[Edit], combine: str, task):
+    """The 1-chip kernel's edits replayed at the 4-chip ``task``, each block size cut to the largest
+    legal one there (a chip's share may be shorter than the 1-chip block; a cut that changes nothing
+    is skipped), then ``chip_split``; a MutationResult."""
+    from mutations import get_operator
 
-    prov = judge.provenance(task)
-    common = {"label": "best 4-chip kernel", "chips": multichip.CHIPS, "batch": task.batch,
-              "cache_len": task.kv_len, "timing_source": multichip.TIMING_LABEL, "chip": prov.chip,
-              "libtpu_version": prov.libtpu_version, "task_key": task.key, "speedup_vs_reference": None,
-              "cycles": None}
+    for edit in [*edits, Edit("chip_split", {"combine": combine})]:
+        legal = task.legal_values(edit.params.get("tunable", "")) if edit.op == "block_sizes" else None
+        if legal and edit.params.get("value") not in legal:
+            edit = Edit(edit.op, {**edit.params, "value": max([v for v in legal if v <= edit.params["value"]]
+                                                                or [min(legal)])})
+        result = get_operator(edit.op).apply_params(source, task, edit.params)
+        if not result.applied and not (edit.op == "block_sizes" and result.reason == "the rewrite changes nothing"):
+            return result
+        source = result.source if result.applied else source
+    return result
+
+
+def four_chip_row(seed, task, judge: Judge, chain: tuple[str, list[Edit]] | None, best_one: float | None,
+                  price: Price, *, checked: dict) -> DecodeRow:
+    """The fastest correct 4-chip kernel at this size: the best 1-chip kernel's edits (the seed's if
+    there is no ablation), then ``chip_split`` with each combine, judged by the judge's own 4-chip
+    path (the task with ``chips=4``): checked once per kernel at a checkable size (B=3, each chip's
+    share two KV blocks long: empty, partial and full shares), then timed here by the estimate."""
+    from mutations import read_tunables
+
     empty = {"latency_s": None, "tokens_per_s": None, "hbm_util": None, "tokens_per_s_per_dollar": None,
-             "vs_best_1_chip": None, "plan": ""}
-    bk = min(block_kv, task.kv_len // multichip.CHIPS)
-    if (why := multichip.fits(task)) is not None:
-        return DecodeRow(status=why, **empty, **common)
+             "vs_best_1_chip": None, "plan": "", "speedup_vs_reference": None, "cycles": None}
+    try:
+        task4 = dataclasses.replace(task, chips=4)
+    except (ValueError, TypeError) as exc:
+        prov = judge.provenance(task)
+        return DecodeRow(label="best 4-chip kernel", chips=4, batch=task.batch, cache_len=task.kv_len,
+                         status=str(exc)[:200], timing_source=prov.timing_source + "+ici_model", chip=prov.chip,
+                         libtpu_version=prov.libtpu_version, task_key=task.key, **empty)
+    edits = list(chain[1]) if chain else []
+    prov = judge.provenance(task4)
+    common = {"chips": 4, "batch": task.batch, "cache_len": task.kv_len, "timing_source": prov.timing_source,
+              "chip": prov.chip, "libtpu_version": prov.libtpu_version, "task_key": task4.key}
     timings, failures = [], []
-    for combine in multichip.COMBINES:
-        key = (bk, combine)
-        if key not in checked:
-            checked[key] = multichip.check(seed_ref, task, block_kv=bk, combine=combine)
-        if not checked[key].get("ok"):
-            failures.append(f"{combine}: FAIL correctness: {checked[key].get('reason')}")
+    for combine in COMBINES:
+        kernel = _four_chip_kernel(seed.kernel_source, edits, combine, task4)
+        if not kernel.applied:
+            failures.append(f"{combine}: does not apply: {kernel.reason}")
             continue
-        t = multichip.time_four_chips(seed_ref, task, prov.chip, block_kv=bk, combine=combine)
-        if t.status == "ok":
-            timings.append(t)
+        if kernel.source not in checked:
+            block = min(read_tunables(kernel.source).get("BLOCK_KV", 512), task.kv_len // 4)
+            check = dataclasses.replace(task4, batch=CHECK_BATCH, kv_len=4 * CHECK_SHARE_BLOCKS * block)
+            checked[kernel.source] = judge.evaluate(kernel.source, check)
+        verdict = checked[kernel.source]
+        if not (verdict.status.name == "PASS" or (verdict.status.name == "FAIL_TIMING"
+                                                   and verdict.stage == "performance")):
+            failures.append(f"{combine}: {verdict.status.value} at the check size: {verdict.error[:120]}")
+            continue
+        timing, _ = judge.estimate_timing(kernel.source, task4)
+        if timing.latency_s is None:
+            why = timing.error
+            if "RESOURCE_EXHAUSTED" in why and "HBM" in why:
+                why = "does not fit the 4 chips' HBM: " + why.split("RESOURCE_EXHAUSTED:", 1)[1].strip()
+            failures.append(f"{combine}: {why.splitlines()[0][:160]}")
         else:
-            failures.append(f"{combine}: {t.status}")
+            timings.append((combine, timing, kernel.source))
     if not timings:
-        return DecodeRow(status="; ".join(failures)[:240], **empty, **common)
-    best = min(timings, key=lambda t: t.latency_s)
+        return DecodeRow(label="best 4-chip kernel", status="; ".join(failures)[:240], **empty, **common)
+    combine, best, source = min(timings, key=lambda cts: cts[1].latency_s)
+    clock = judge.chip.clock_hz
+    compute_s, floor_s = best.compute_cycles / clock, best.hbm_cycles / clock
     tokens = task.batch * task.q_len / best.latency_s
-    per_chip_util = (task.bytes_moved / multichip.CHIPS) / best.latency_s / judge.chip.hbm_bytes_per_s
-    plan = (f"{best.combine} combine, BLOCK_KV={best.block_kv}: compute {best.compute_s * 1e6:.1f} us, HBM floor "
-            f"{best.hbm_floor_s * 1e6:.1f} us, collectives {best.collectives_s * 1e6:.1f} us "
-            f"({len(best.collectives)}); other combines: " +
-            (", ".join(f"{t.combine} {t.latency_s * 1e6:.1f} us" for t in timings if t is not best) or "-") +
-            ("; " + "; ".join(failures) if failures else ""))
+    per_chip_util = (task.bytes_moved / 4) / best.latency_s / judge.chip.hbm_bytes_per_s
+    plan = (f"{combine} combine, BLOCK_KV={read_tunables(source).get('BLOCK_KV')}"
+            f": compute {compute_s * 1e6:.1f} us, HBM floor {floor_s * 1e6:.1f} us, collectives "
+            f"{(best.latency_s - max(compute_s, floor_s)) * 1e6:.1f} us ({best.note.split('model: ', 1)[-1]}); "
+            "other combines: " + (", ".join(f"{c} {t.latency_s * 1e6:.1f} us" for c, t, _ in timings if t is not best)
+                                  or "-") + ("; " + "; ".join(failures) if failures else ""))
     return DecodeRow(status="ok", latency_s=best.latency_s, tokens_per_s=tokens, hbm_util=per_chip_util,
-                     tokens_per_s_per_dollar=tokens / (multichip.CHIPS * price.usd_per_chip_hour),
+                     tokens_per_s_per_dollar=tokens / (4 * price.usd_per_chip_hour),
                      vs_best_1_chip=best.latency_s / best_one if best_one else None, plan=plan,
-                     label=f"best 4-chip kernel ({best.combine} combine)",
-                     **{k: v for k, v in common.items() if k != "label"})
+                     label=f"best 4-chip kernel ({combine} combine)", speedup_vs_reference=None,
+                     cycles=best.cycles, **common)
 
 
 def format_table(rows: list[DecodeRow], price: Price) -> str:

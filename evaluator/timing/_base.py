@@ -24,6 +24,7 @@ class Timing:
     hbm_cycles: int | None = None
     hbm_bytes: int | None = None
     note: str = ""                  # how the figure was made, where that is not the usual way
+    chip_bytes: tuple[int, ...] = ()   # a per-chip program: each chip's kernel bytes (the floor is the most)
 
 
 class TimingSource(abc.ABC):

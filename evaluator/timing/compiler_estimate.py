@@ -132,4 +132,5 @@ class CompilerEstimate(TimingSource):
         note = f"{facts['chips']} chips; collectives by the ICI model: " + "; ".join(
             f"{c.collective.kind} {c.collective.bytes} B {c.seconds * 1e6:.2f} us" for c in ici.costs)
         return Timing(total / chip.clock_hz, cycles=total, compute_cycles=cycles, hbm_cycles=hbm_cycles,
-                      hbm_bytes=int(facts["hbm_bytes"]), note=note)
+                      hbm_bytes=int(facts["hbm_bytes"]), note=note,
+                      chip_bytes=tuple(int(b) for b in facts.get("per_chip_kernel_bytes", ())))

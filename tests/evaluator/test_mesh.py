@@ -71,11 +71,18 @@ def verdicts(tmp_path_factory):
         "                        jnp.exp).astype(q.dtype)",
         "out = (jnp.sum(weight * acc_part, axis=2) / jnp.sum(weight * l_part, axis=2)).astype(q.dtype)")
     two_chips = gather.source.replace("CHIPS = 4", "CHIPS = 2")
-    assert no_combine != gather.source and two_chips != gather.source
+    # The last chip's partial state is lost before the combine.
+    drops_last_chip = gather.source.replace(
+        "    m_part, l_part = m_part[..., :1], l_part[..., :1]\n",
+        "    m_part, l_part = m_part[..., :1], l_part[..., :1]\n"
+        "    keep = (jax.lax.axis_index(CHIP_AXIS) != CHIPS - 1).astype(jnp.float32)\n"
+        "    acc_part, l_part = acc_part * keep, l_part * keep\n")
+    assert no_combine != gather.source and two_chips != gather.source and drops_last_chip != gather.source
     judge = Judge(JudgeConfig(chip="v5e", timing="compiler_estimate", workers=2,
                               cache_dir=str(tmp_path_factory.mktemp("cache"))))
-    names = ("naive", "gather", "packed", "no_combine", "two_chips")
-    results = judge.evaluate_many([naive, gather.source, packed.source, no_combine, two_chips], task)
+    names = ("naive", "gather", "packed", "no_combine", "two_chips", "drops_last_chip")
+    results = judge.evaluate_many([naive, gather.source, packed.source, no_combine, two_chips, drops_last_chip],
+                                  task)
     return dict(zip(names, results))
 
 
@@ -104,3 +111,36 @@ def test_a_per_chip_program_without_a_combine_fails_correctness_naming_the_chip(
 def test_a_kernel_asking_for_chips_the_task_does_not_offer_is_refused_in_one_line(verdicts):
     r = verdicts["two_chips"]
     assert r.status != Status.PASS and "CHIPS=2" in r.error and "--chips 2" in r.error, (r.status, r.error)
+
+
+def test_a_kernel_that_loses_the_last_chips_share_fails_correctness(verdicts):
+    r = verdicts["drops_last_chip"]
+    assert r.status == Status.FAIL_CORRECTNESS, (r.status, r.error)
+
+
+def test_each_chip_moves_its_share_of_the_cache_on_its_own_lengths(tmp_path):
+    """The HBM floor of a per-chip kernel: each chip's kernels counted by the judge's fetch-on-change
+    rule on that chip's own lengths. B=2, H=4 over 2 K/V heads, N=8192: shares of four 512-entry
+    blocks; length_skip clamps each chip's K/V index maps to its last valid block."""
+    from unittest import mock
+
+    seed = load_seed("flash_decoding")
+    task = seed.task(SHAPE, chips=4)
+    kernel = replay(seed.kernel_source, [Edit("length_skip", {"compute": False}),
+                                         Edit("chip_split", {"combine": "gather"})], task)
+    judge = Judge(JudgeConfig(chip="v5e", timing="compiler_estimate", workers=1, cache_dir=str(tmp_path)))
+    kv_block = 2 * 512 * 128 * 2                          # K and V, bf16
+    rows = 2 * 4 * (128 * 2 + 128 * 4 + 2 * 128 * 4)      # per (b, h): q in; acc, m, l out (f32)
+
+    def per_chip(lengths):
+        with mock.patch.object(type(task), "lengths", lambda self, seed, dist="ragged": np.array(lengths, np.int32)):
+            judge._small_inputs.clear()
+            timing, _ = judge.estimate_timing(kernel.source, task)
+        assert timing.latency_s is not None, timing.error
+        return list(timing.chip_bytes)
+
+    # Full sequences: each head walks its share's 4 blocks (the next head's first block differs): 16 each.
+    assert per_chip([8192, 8192]) == [32 * kv_block + rows] * 4
+    # 3000 entries: chip 0 full (16), chip 1 952 entries -> blocks 0,1,1,1 per head (8), chips 2 and 3
+    # none: the clamp keeps block 0, fetched once per K/V head (2).
+    assert per_chip([3000, 8192]) == [(n + 16) * kv_block + rows for n in (16, 8, 2, 2)]

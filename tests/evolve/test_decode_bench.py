@@ -5,9 +5,6 @@ one-line error."""
 from __future__ import annotations
 
 import json
-from unittest import mock
-
-import numpy as np
 import pytest
 
 from evolve.decode_bench import PRICES, best_chain, sized_task
@@ -85,60 +82,3 @@ def test_sizes_are_tasks_of_the_seed():
     task = sized_task(base, 32, 131072)
     assert (task.batch, task.kv_len, task.heads, task.head_dim) == (32, 131072, 8, 128)
     assert task.bytes_moved > base.bytes_moved
-
-
-def test_each_chip_moves_its_quarter_of_the_cache():
-    """The 4-chip HBM floor's rule (the judge's fetch-on-change, walked per chip on its share of the
-    lengths): B=2, H=4 over 2 K/V heads, N=8192 in quarters of four 512-entry blocks."""
-    from evolve.multichip import chip_hbm_bytes
-
-    task = load_seed("flash_decoding").task("B=2,H=4,HKV=2,N=8192,D=128,T=1")
-    kv_block = 2 * 512 * 128 * 2                 # K and V, bf16
-    rows = 2 * 4 * (128 * 2 + 128 * 4 + 2 * 128 * 4)    # per (b, h): q in; acc, m, l out (f32)
-
-    def per_chip(lengths):
-        with mock.patch.object(type(task), "timing_lengths", new=np.array(lengths, np.int32)):
-            return chip_hbm_bytes(task, 512)
-
-    # A full sequence: each head walks its 4 blocks (the next head's first block differs): 16 each.
-    assert per_chip([8192, 8192]) == [32 * kv_block + rows] * 4
-    # 3000 entries: chip 0 full (16), chip 1 952 entries -> blocks 0,1,1,1 per head (8), chips 2 and 3
-    # none: the clamp keeps block 0, fetched once per K/V head (2).
-    assert per_chip([3000, 8192]) == [(n + 16) * kv_block + rows for n in (16, 8, 2, 2)]
-
-
-_DROP_LAST_QUARTER = r"""
-import json, sys
-import jax, jax.numpy as jnp
-from evolve import multichip as M
-request = {"kind": "check", "seed": "flash_decoding", "shape": "B=3,H=2,HKV=2,N=1024,D=128,T=1",
-           "block_kv": 128, "combine": sys.argv[1]}
-verdicts = [M._worker_check(request)]
-original = M.per_chip_partials
-
-def dropped(*args, **kwargs):   # a kernel that loses the last chip's quarter of the cache
-    acc, m, l = original(*args, **kwargs)
-    keep = (jax.lax.axis_index("x") != M.CHIPS - 1).astype(jnp.float32)
-    return acc * keep, m, l * keep
-
-M.per_chip_partials = dropped
-verdicts.append(M._worker_check(request))
-print(json.dumps(verdicts))
-"""
-
-
-@pytest.mark.parametrize("combine", ["gather", "packed"])
-def test_the_4_chip_check_fails_a_kernel_that_drops_the_last_quarter(combine):
-    """The correctness check of the 4-chip program (interpret mode, 4 CPU devices) passes the program
-    and fails the same program with the last chip's partial lost."""
-    import os
-    import subprocess
-    import sys
-
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-c", _DROP_LAST_QUARTER, combine], env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    honest, dropped = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert honest["ok"], honest
-    assert not dropped["ok"] and "lengths" in dropped["reason"], dropped
