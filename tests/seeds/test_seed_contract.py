@@ -59,6 +59,20 @@ def test_every_seed_meets_the_contract(name):
 
 
 @pytest.mark.parametrize("name", SEEDS, ids=lambda s: Path(s).name)
+def test_every_chip_count_a_seed_offers_cuts_its_inputs_into_shares_of_the_promised_shapes(name):
+    seed = load_seed(name)
+    assert seed.task_class.mesh_sizes[0] == 1 and seed.default_task().chips == 1
+    assert _small(seed).chip_specs(1) == _small(seed).input_specs()
+    for chips in seed.task_class.mesh_sizes[1:]:
+        task = seed.task(SMALL.get(seed.name).replace("N=256", "N=1024"), chips=chips)
+        distribution, rng_seed = task.correctness_inputs[0]
+        inputs = task.make_inputs(rng_seed, distribution)
+        for name_, array, (shape, dtype) in zip(task.input_names, inputs, task.chip_specs(chips), strict=True):
+            shares = task.chip_split(name_, array, chips)
+            assert shares.shape == (chips, *shape) and str(shares.dtype) == dtype, name_
+
+
+@pytest.mark.parametrize("name", SEEDS, ids=lambda s: Path(s).name)
 def test_the_reference_program_agrees_with_the_f32_reference(name):
     import jax.numpy as jnp
 
