@@ -32,18 +32,19 @@ from ._tunables import module_ints, set_tunable
 COMBINES = ("gather", "packed", "separate")
 
 _ACROSS = '''\
-def _across_chips(acc, m, l, exp):
-    """The log-sum-exp combine over the chips: acc (B, H, T, D), m and l (B, H, T, 1), this chip's."""
+def _across_chips(acc, top, sums, exp):
+    """The log-sum-exp combine over the chips of this chip's partial state: acc (B, H, T, D), its
+    running max and sum (B, H, T, 1)."""
     if COMBINE == "gather":     # one all-gather of the packed partials; each chip combines them all
-        every = jax.lax.all_gather(jnp.concatenate([acc, m, l], axis=-1), CHIP_AXIS)
-        acc, m, l = every[..., :-2], every[..., -2:-1], every[..., -1:]
-        weight = exp(m - jnp.max(m, axis=0))
-        return jnp.sum(weight * acc, axis=0) / jnp.sum(weight * l, axis=0)
-    weight = exp(m - jax.lax.pmax(m, CHIP_AXIS))
-    if COMBINE == "packed":     # one psum of the weighted partials, l packed beside acc
-        total = jax.lax.psum(jnp.concatenate([weight * acc, weight * l], axis=-1), CHIP_AXIS)
+        every = jax.lax.all_gather(jnp.concatenate([acc, top, sums], axis=-1), CHIP_AXIS)
+        acc, top, sums = every[..., :-2], every[..., -2:-1], every[..., -1:]
+        weight = exp(top - jnp.max(top, axis=0))
+        return jnp.sum(weight * acc, axis=0) / jnp.sum(weight * sums, axis=0)
+    weight = exp(top - jax.lax.pmax(top, CHIP_AXIS))
+    if COMBINE == "packed":     # one psum of the weighted partials, the sum packed beside acc
+        total = jax.lax.psum(jnp.concatenate([weight * acc, weight * sums], axis=-1), CHIP_AXIS)
         return total[..., :-1] / total[..., -1:]
-    return jax.lax.psum(weight * acc, CHIP_AXIS) / jax.lax.psum(weight * l, CHIP_AXIS)
+    return jax.lax.psum(weight * acc, CHIP_AXIS) / jax.lax.psum(weight * sums, CHIP_AXIS)
 '''
 _COMBINE = """\
 m_chip = jnp.max(m_part, axis=2, keepdims=True)
