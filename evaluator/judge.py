@@ -43,7 +43,7 @@ import numpy as np
 from evaluator import jail, wire
 from evaluator.chips import Chip, get_chip
 from evaluator.arrays import load_array, save_array
-from evaluator.compare import compare
+from evaluator.compare import Comparison, compare
 from evaluator.result import EvalResult, Metrics, Provenance, Status
 from evaluator.roofline import roofline
 from evaluator.sandbox import ChildOutcome, Limits, run_child
@@ -279,6 +279,9 @@ class Judge:
         env = self._runner_env(private)
         if chips > 1 and not self.on_tpu:     # the per-chip program is checked on as many CPU devices
             env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={chips}"
+        elif chips > 1:                       # it runs on the host's chips: not one scheduler's chip
+            for key in CHIP_VISIBILITY_ENV:
+                env.pop(key, None)
         outcome = self._run("evaluator.runner", private, request, env, jailed=jailed)
         if self.on_tpu and outcome.returncode != 0:
             Path("/tmp/libtpu_lockfile").unlink(missing_ok=True)   # a killed runner's leftover
@@ -444,9 +447,12 @@ class Judge:
             small.mkdir()
             for name, array in self._small_timing_arrays(task).items():
                 save_array(small / f"{name}.npy", array)
+            chips = self._traced_chips(outcome, task) if program is not None else 1
+            if chips is None:
+                return Timing(None, error=f"the worker claims a chip count the task ({task.chips}) does not offer"), []
             run = self._run_runner(private, task, "candidate" if program is not None else "reference",
                                    str(path) if program is not None else None, [], timing_input=str(small),
-                                   chips=self._traced_chips(outcome) if program is not None else 1)
+                                   chips=chips)
             failure = self._failure(run)
             if failure is not None:
                 return Timing(None, error=failure[2]), []
@@ -473,11 +479,13 @@ class Judge:
             return list(pool.map(lambda s: self.evaluate(s, task, prune_above_cycles=prune_above_cycles),
                                  sources))
 
-    def _traced_chips(self, outcome: ChildOutcome) -> int:
-        """The chip count the worker traced the candidate for (1, or the task's mesh; the runner
-        checks the program against the task's per-chip inputs for it)."""
+    def _traced_chips(self, outcome: ChildOutcome, task: SeedTask) -> int | None:
+        """The chip count the worker traced the candidate for: 1, or the task's mesh; None for any
+        other claim (the worker runs candidate code: its word is checked here, and the runner
+        checks the program against the task's per-chip inputs for that count)."""
         chips = self._stage_data(outcome).get("lower", {}).get("chips", 1)
-        return chips if isinstance(chips, int) and not isinstance(chips, bool) and chips >= 1 else 1
+        ok = isinstance(chips, int) and not isinstance(chips, bool) and chips in (1, task.chips)
+        return chips if ok else None
 
     def _trace(self, source: str, task: SeedTask) -> tuple[ChildOutcome, bytes | None]:
         """Run the candidate in the jail; return what it said and the jaxpr it traced (as data)."""
@@ -514,6 +522,10 @@ class Judge:
         failure = self._failure(traced)
         if failure is None and program is None:
             failure = (Status.CRASH, "lower", "the worker finished without its traced program")
+        chips = self._traced_chips(traced, task)
+        if failure is None and chips is None:
+            failure = (Status.FAIL_TRACE, "lower", f"refused: the worker claims a chip count the task "
+                       f"({task.chips} chip(s)) does not offer")
         if failure is not None:
             status, stage, error = failure
             return EvalResult(status, error=error, stage=stage, metrics=metrics, provenance=prov,
@@ -528,7 +540,6 @@ class Judge:
             prune = None
             if prune_above_cycles is not None and self.timing.name == "compiler_estimate":
                 prune = {"estimate_dir": str(private / "llo"), "above_cycles": int(prune_above_cycles)}
-            chips = self._traced_chips(traced)
             outcome = self._run_runner(private, task, "candidate", str(path), input_dirs, prune=prune,
                                        chips=chips)
             data = self._stage_data(outcome)
@@ -614,15 +625,17 @@ class Judge:
                       baseline_factor=self.config.reference_error_factor)
         if chips == 1:
             return compare(out, truth.f32, label=truth.label, **kwargs)
-        if out.ndim == 0 or out.shape[0] != chips:
-            return compare(out, truth.f32, label=f"{truth.label}, {chips} chips' outputs", **kwargs)
-        worst = None
+        if out.shape != (chips, *truth.f32.shape):
+            return Comparison(False, error=f"{truth.label}: the per-chip program's outputs have shape "
+                              f"{out.shape}, not one whole output {truth.f32.shape} on each of {chips} chips")
+        every = []
         for chip in range(chips):
             cmp = compare(out[chip], truth.f32, label=f"{truth.label}, chip {chip} of {chips}", **kwargs)
             if not cmp.ok:
                 return cmp
-            worst = cmp if worst is None or (cmp.max_abs_error or 0) > (worst.max_abs_error or 0) else worst
-        return worst
+            every.append(cmp)
+        fields = ("max_abs_error", "max_rel_error", "baseline_abs_error")
+        return dataclasses.replace(every[0], **{f: max(getattr(c, f) or 0.0 for c in every) for f in fields})
 
     def _failure(self, outcome: ChildOutcome) -> tuple[Status, str, str] | None:
         """The status of a worker that did not finish cleanly, or None if it did."""

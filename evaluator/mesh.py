@@ -30,6 +30,35 @@ class MeshRefused(Exception):
     """A per-chip program the harness cannot run (one line)."""
 
 
+def _remote_target(eqn) -> bool | None:
+    """Whether a DMA or a semaphore signal names another chip (a device id); None: not one of them."""
+    name = eqn.primitive.name
+    try:
+        if name == "dma_start":
+            return eqn.params["tree"].unflatten(eqn.invars)[4] is not None
+        if name == "semaphore_signal":
+            return eqn.params["args_tree"].unflatten(eqn.invars)[3] is not None
+    except Exception:  # noqa: BLE001 - unreadable: assume it does
+        return True
+    return None
+
+
+def remote_communication(jaxpr) -> list[str]:
+    """What in ``jaxpr`` (kernels included) talks to another chip from inside a kernel: a DMA or a
+    semaphore signal with a device id, a barrier semaphore. The ICI model costs the program's XLA
+    collectives only; a kernel's own traffic between chips would be free, so it is refused."""
+    from evaluator.traced import _subjaxprs
+
+    found, stack = [], [jaxpr]
+    while stack:
+        j = stack.pop()
+        for eqn in j.eqns:
+            if _remote_target(eqn) or eqn.primitive.name == "get_barrier_semaphore":
+                found.append(eqn.primitive.name)
+            stack.extend(_subjaxprs(eqn.params))
+    return sorted(set(found))
+
+
 def _stand_in(eqn, invals: list, chip: int):
     import jax.numpy as jnp
 

@@ -93,6 +93,14 @@ def _load_programs(path: str, specs: list, *, cpu: bool, chips: int = 1) -> tupl
         per_chip = f" on each of {chips} chips" if chips > 1 else ""
         raise Refused(f"refused: the traced program takes {avals}, not the task's inputs{per_chip} {specs}")
     args = tuple(jax.ShapeDtypeStruct(s, d) for s, d in specs)
+    remote = mesh.remote_communication(closed.jaxpr)
+    if remote:
+        raise Refused(f"refused: a kernel talks to another chip itself ({', '.join(remote)} with a device id): "
+                      "the ICI model costs XLA collectives only, so that traffic would be free; combine "
+                      "across chips with psum, pmax or all_gather outside the kernel")
+    if chips > 1 and len(closed.jaxpr.outvars) != 1:
+        raise Refused(f"refused: a per-chip program returns one output (the whole result, on every chip), "
+                      f"not {len(closed.jaxpr.outvars)}")
     try:
         if chips > 1:
             traced.check(closed)
@@ -191,6 +199,8 @@ def main(request_path: str) -> int:
             from seeds import task_from_source
 
             task = task_from_source(req["task_source"], req["task"])
+            if chips != task.chips:
+                raise Refused(f"refused: a program for {chips} chips on a task of {task.chips} chip(s)")
         if chips > 1 and req.get("compile", True):
             stage = "compile"
             reporter.stage(stage)

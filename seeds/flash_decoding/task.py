@@ -224,8 +224,8 @@ class Task(SeedTask):
 
     def legal_values(self, tunable: str) -> list[int] | None:
         """KV blocks: multiples of 128 dividing N, up to 8192; KV splits: 1 to 16."""
-        if tunable == "BLOCK_KV":     # with --chips 4, blocks that also tile a chip's share
-            n = self.kv_len // self.chips
+        if tunable == "BLOCK_KV":     # a per-chip kernel cuts a block to its share (min(BLOCK_KV, share))
+            n = self.kv_len
             return [v for v in range(SEQ_TILE, min(n, MAX_KV_BLOCK) + 1, SEQ_TILE) if n % v == 0]
         if tunable == "KV_SPLITS":     # split-KV: the kernel uses gcd(KV_SPLITS, its kv blocks)
             return list(KV_SPLITS)

@@ -37,7 +37,6 @@ def test_a_task_asks_for_a_mesh_it_can_have():
     with pytest.raises(ValueError, match="does not split over 4 chips"):
         seed.task("N=384", chips=4)
     assert seed.task("N=8192", chips=4).key.endswith("-4chips") and not seed.task("N=8192").key.endswith("chips")
-    assert seed.task("N=8192", chips=4).legal_values("BLOCK_KV")[-1] == 2048    # a block tiles a share
 
 
 def test_collectives_become_local_stand_ins_of_the_same_shape():
@@ -56,6 +55,53 @@ def test_collectives_become_local_stand_ins_of_the_same_shape():
         jax.jit(chip_function(scatter, 0))(jnp.ones(4))
 
 
+def test_a_chip_count_the_task_does_not_offer_is_not_believed(tmp_path):
+    """The worker runs candidate code, so its claim of a chip count is checked by the judge."""
+    from evaluator.sandbox import ChildOutcome
+
+    seed = load_seed("flash_decoding")
+    judge = Judge(JudgeConfig(chip="v5e", timing="compiler_estimate", workers=1, cache_dir=str(tmp_path)))
+
+    def claims(chips):
+        return ChildOutcome(({"event": "stage_ok", "stage": "lower", "data": {"chips": chips}},), 0, None, "", 0, 0.0)
+
+    one, four = seed.task(SHAPE), seed.task(SHAPE, chips=4)
+    assert judge._traced_chips(claims(1), one) == 1 and judge._traced_chips(claims(4), four) == 4
+    assert judge._traced_chips(claims(1), four) == 1
+    for chips, task in ((4, one), (2, four), (True, four), ("4", four), (0, four)):
+        assert judge._traced_chips(claims(chips), task) is None, (chips, task.chips)
+
+
+def test_a_kernel_that_copies_between_chips_itself_is_found():
+    """A remote DMA inside a kernel is traffic the ICI model (XLA collectives) cannot see."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    from evaluator.mesh import remote_communication
+
+    def copies(remote):
+        def kernel(x_ref, o_ref, send, recv):
+            right = jax.lax.rem(jax.lax.axis_index("chips") + 1, 4)
+            dma = (pltpu.make_async_remote_copy(x_ref, o_ref, send, recv, device_id=(right,),
+                                                device_id_type=pl.DeviceIdType.MESH)
+                   if remote else pltpu.make_async_copy(x_ref, o_ref, send))
+            dma.start()
+            dma.wait()
+
+        def per_chip(x):
+            return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                  in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                                  out_specs=pl.BlockSpec(memory_space=pl.ANY),
+                                  scratch_shapes=[pltpu.SemaphoreType.DMA, pltpu.SemaphoreType.DMA])(x)
+
+        closed = jax.make_jaxpr(per_chip, axis_env=[("chips", 4)])(jax.ShapeDtypeStruct((8, 128), jnp.float32))
+        return remote_communication(closed.jaxpr)
+
+    assert copies(remote=True) == ["dma_start"] and copies(remote=False) == []
+
+
 @pytest.fixture(scope="module")
 def verdicts(tmp_path_factory):
     seed = load_seed("flash_decoding")
@@ -71,6 +117,8 @@ def verdicts(tmp_path_factory):
         "                        jnp.exp).astype(q.dtype)",
         "out = (jnp.sum(weight * acc_part, axis=2) / jnp.sum(weight * l_part, axis=2)).astype(q.dtype)")
     two_chips = gather.source.replace("CHIPS = 4", "CHIPS = 2")
+    # Chip c answers only sequence c (B=2: chips 0 and 1), as a second output: not one whole output.
+    two_outputs = gather.source.replace("    return out\n", "    return out, out\n")
     # The last chip's partial state is lost before the combine.
     drops_last_chip = gather.source.replace(
         "    m_part, l_part = m_part[..., :1], l_part[..., :1]\n",
@@ -78,11 +126,12 @@ def verdicts(tmp_path_factory):
         "    keep = (jax.lax.axis_index(CHIP_AXIS) != CHIPS - 1).astype(jnp.float32)\n"
         "    acc_part, l_part = acc_part * keep, l_part * keep\n")
     assert no_combine != gather.source and two_chips != gather.source and drops_last_chip != gather.source
+    assert two_outputs != gather.source
     judge = Judge(JudgeConfig(chip="v5e", timing="compiler_estimate", workers=2,
                               cache_dir=str(tmp_path_factory.mktemp("cache"))))
-    names = ("naive", "gather", "packed", "no_combine", "two_chips", "drops_last_chip")
-    results = judge.evaluate_many([naive, gather.source, packed.source, no_combine, two_chips, drops_last_chip],
-                                  task)
+    names = ("naive", "gather", "packed", "no_combine", "two_chips", "drops_last_chip", "two_outputs")
+    results = judge.evaluate_many([naive, gather.source, packed.source, no_combine, two_chips, drops_last_chip,
+                                   two_outputs], task)
     return dict(zip(names, results))
 
 
@@ -144,3 +193,8 @@ def test_each_chip_moves_its_share_of_the_cache_on_its_own_lengths(tmp_path):
     # 3000 entries: chip 0 full (16), chip 1 952 entries -> blocks 0,1,1,1 per head (8), chips 2 and 3
     # none: the clamp keeps block 0, fetched once per K/V head (2).
     assert per_chip([3000, 8192]) == [(n + 16) * kv_block + rows for n in (16, 8, 2, 2)]
+
+
+def test_a_per_chip_program_with_more_than_one_output_is_refused(verdicts):
+    r = verdicts["two_outputs"]
+    assert r.status == Status.FAIL_TRACE and "returns one output" in r.error, (r.status, r.error)
