@@ -219,7 +219,8 @@ def four_chip_row(seed, task, judge: Judge, chain: tuple[str, list[Edit]] | None
     compute_s, floor_s = best.compute_cycles / clock, best.hbm_cycles / clock
     tokens = task.batch * task.q_len / best.latency_s
     per_chip_util = (task.bytes_moved / 4) / best.latency_s / judge.chip.hbm_bytes_per_s
-    plan = (f"{combine} combine, BLOCK_KV={read_tunables(source).get('BLOCK_KV')}"
+    block, share = read_tunables(source).get("BLOCK_KV", 0), task.kv_len // 4
+    plan = (f"{combine} combine, KV block {min(block, share)} on each chip's {share}-entry share"
             f": compute {compute_s * 1e6:.1f} us, HBM floor {floor_s * 1e6:.1f} us, collectives "
             f"{(best.latency_s - max(compute_s, floor_s)) * 1e6:.1f} us ({best.note.split('model: ', 1)[-1]}); "
             "other combines: " + (", ".join(f"{c} {t.latency_s * 1e6:.1f} us" for c, t, _ in timings if t is not best)
