@@ -112,10 +112,10 @@ def _load_programs(path: str, specs: list, *, cpu: bool, chips: int = 1) -> tupl
     return {"tpu": programs.tpu} | ({"cpu": programs.cpu} if cpu else {}), closed
 
 
-def _mesh_hbm_facts(compiled, closed, task, req: dict) -> dict:
+def _mesh_hbm_facts(compiled, closed, first, task, req: dict, specs: list) -> dict:
     """A per-chip program's HBM bytes: XLA's own ops (cost analysis of the partitioned program, one
     chip's) plus the kernels of the busiest chip, each chip's counted on its own share of the timing
-    input (its own cache lengths)."""
+    input (its own cache lengths). ``first``: chip 0's export (the audit's), ``specs``: one chip's."""
     import jax
 
     from evaluator.hbm_traffic import program_traffic
@@ -123,13 +123,13 @@ def _mesh_hbm_facts(compiled, closed, task, req: dict) -> dict:
 
     facts = _hbm_facts(compiled, None, None, [], [])
     chips, names, timing_input = int(req["chips"]), req["input_names"], req.get("timing_input")
-    specs = [(tuple(s), str(d)) for s, d in req["chip_specs"]]
     args = tuple(jax.ShapeDtypeStruct(s, d) for s, d in specs)
     per_chip, notes, blind = [], [], False
     for chip in range(chips):
         value = None if timing_input is None else (lambda i, c=chip: task.chip_split(
             names[i], _read_input(timing_input, names[i], specs[i][1]), chips)[c])
-        traffic = program_traffic(chip_export(closed, chip, False, "tpu", args), value)
+        exported = first if chip == 0 else chip_export(closed, chip, False, "tpu", args)
+        traffic = program_traffic(exported, value)
         per_chip.append(traffic.kernel_bytes)
         notes.extend(f"chip {chip}: {n}" for n in traffic.notes)
         blind = blind or traffic.blind
@@ -137,7 +137,9 @@ def _mesh_hbm_facts(compiled, closed, task, req: dict) -> dict:
             "per_chip_kernel_bytes": per_chip, "hbm_notes": notes, "hbm_blind": blind}
 
 
-def _mesh_devices(req: dict, chips: int, *, cpu: bool = False) -> list:
+def _devices(req: dict, chips: int, *, cpu: bool = False) -> list:
+    """The first ``chips`` devices the program runs on: the host's CPU devices (the interpret-mode
+    check), this host's TPU chips, or the topology's devices (the ahead-of-time compile)."""
     import jax
 
     if cpu:
@@ -204,7 +206,7 @@ def main(request_path: str) -> int:
         if chips > 1 and req.get("compile", True):
             stage = "compile"
             reporter.stage(stage)
-            devices = _mesh_devices(req, chips)
+            devices = _devices(req, chips)
             t0 = time.perf_counter()
             compiled = mesh.mesh_program(closed, devices, req["mesh_axis"], interpret=False).lower(
                 *mesh.sharded_specs(chip_specs, devices, req["mesh_axis"])).compile()
@@ -213,18 +215,12 @@ def main(request_path: str) -> int:
                 fh.write(hlo)
             facts = _hlo_facts(hlo) | {"compile_time_s": time.perf_counter() - t0, "trusted": False,
                                        "chips": chips}
-            facts |= _mesh_hbm_facts(compiled, closed, task, req)
+            facts |= _mesh_hbm_facts(compiled, closed, programs["tpu"], task, req, chip_specs)
             reporter.send(event="stage_ok", stage=stage, data=facts)
         elif req.get("compile", True):   # the reference's figure may come from the judge's cache
             stage = "compile"
             reporter.stage(stage)
-            if req["on_tpu"]:
-                device = jax.devices()[0]
-            else:
-                from jax.experimental import topologies
-
-                device = topologies.get_topology_desc(
-                    topology_name=req["topology"], platform="tpu").devices[0]
+            device = _devices(req, 1)[0]
             args = [jax.ShapeDtypeStruct(s, d, sharding=SingleDeviceSharding(device)) for s, d in specs]
             t0 = time.perf_counter()
             compiled = jax.jit(tpu_fn).lower(*args).compile()
@@ -252,7 +248,7 @@ def main(request_path: str) -> int:
         t0 = time.perf_counter()
         outputs = []
         if chips > 1:       # every chip's share placed on its device; every chip's output kept
-            run_devices = _mesh_devices(req, chips, cpu=not req["on_tpu"])
+            run_devices = _devices(req, chips, cpu=not req["on_tpu"])
             run = compiled if req["on_tpu"] else mesh.mesh_program(closed, run_devices, req["mesh_axis"],
                                                                    interpret=True)
 

@@ -91,6 +91,13 @@ def sized_task(base, batch: int, cache_len: int):
     return dataclasses.replace(base, batch=batch, kv_len=cache_len)
 
 
+def _hbm_verdict(why: str, whose: str) -> str:
+    """The compiler's own out-of-HBM verdict, said plainly; any other reason as it is."""
+    if "RESOURCE_EXHAUSTED" in why and "HBM" in why:
+        return f"does not fit {whose} HBM: " + why.split("RESOURCE_EXHAUSTED:", 1)[1].strip()
+    return why
+
+
 def _row(label: str, task, judge: Judge, timing, findings, reference, price: Price) -> DecodeRow:
     prov = judge.provenance(task)
     common = {"label": label, "chips": 1, "batch": task.batch, "cache_len": task.kv_len,
@@ -99,8 +106,7 @@ def _row(label: str, task, judge: Judge, timing, findings, reference, price: Pri
     blind = [f["construct"] for f in findings if f.get("construct") in ESTIMATE_BLIND_SPOTS]
     if timing.latency_s is None or (blind and judge.timing.name == "compiler_estimate"):
         why = ("refused: the estimate cannot time " + ", ".join(blind)) if blind else (timing.error or "no figure")
-        if "RESOURCE_EXHAUSTED" in why and "HBM" in why:      # the compiler's own verdict
-            why = "does not fit one chip's HBM: " + why.split("RESOURCE_EXHAUSTED:", 1)[1].strip()
+        why = _hbm_verdict(why, "one chip's")
         return DecodeRow(status=why.splitlines()[0][:200], latency_s=None, tokens_per_s=None, hbm_util=None,
                          tokens_per_s_per_dollar=None, speedup_vs_reference=None, cycles=None,
                          vs_best_1_chip=None, plan="", **common)
@@ -150,24 +156,6 @@ COMBINES = ("gather", "packed", "separate")
 CHECK_BATCH, CHECK_SHARE_BLOCKS = 3, 2     # the 4-chip check: B=3, each chip's share two blocks long
 
 
-def _four_chip_kernel(source: str, edits: list[Edit], combine: str, task):
-    """The 1-chip kernel's edits replayed at the 4-chip ``task``, each block size cut to the largest
-    legal one there (a chip's share may be shorter than the 1-chip block; a cut that changes nothing
-    is skipped), then ``chip_split``; a MutationResult."""
-    from mutations import get_operator
-
-    for edit in [*edits, Edit("chip_split", {"combine": combine})]:
-        legal = task.legal_values(edit.params.get("tunable", "")) if edit.op == "block_sizes" else None
-        if legal and edit.params.get("value") not in legal:
-            edit = Edit(edit.op, {**edit.params, "value": max([v for v in legal if v <= edit.params["value"]]
-                                                                or [min(legal)])})
-        result = get_operator(edit.op).apply_params(source, task, edit.params)
-        if not result.applied and not (edit.op == "block_sizes" and result.reason == "the rewrite changes nothing"):
-            return result
-        source = result.source if result.applied else source
-    return result
-
-
 def four_chip_row(seed, task, judge: Judge, chain: tuple[str, list[Edit]] | None, best_one: float | None,
                   price: Price, *, checked: dict) -> DecodeRow:
     """The fastest correct 4-chip kernel at this size: the best 1-chip kernel's edits (the seed's if
@@ -191,7 +179,8 @@ def four_chip_row(seed, task, judge: Judge, chain: tuple[str, list[Edit]] | None
               "chip": prov.chip, "libtpu_version": prov.libtpu_version, "task_key": task4.key}
     timings, failures = [], []
     for combine in COMBINES:
-        kernel = _four_chip_kernel(seed.kernel_source, edits, combine, task4)
+        # BLOCK_KV's legal values tile N, and a per-chip kernel cuts its block to its share.
+        kernel = replay(seed.kernel_source, [*edits, Edit("chip_split", {"combine": combine})], task4)
         if not kernel.applied:
             failures.append(f"{combine}: does not apply: {kernel.reason}")
             continue
@@ -206,9 +195,7 @@ def four_chip_row(seed, task, judge: Judge, chain: tuple[str, list[Edit]] | None
             continue
         timing, _ = judge.estimate_timing(kernel.source, task4)
         if timing.latency_s is None:
-            why = timing.error
-            if "RESOURCE_EXHAUSTED" in why and "HBM" in why:
-                why = "does not fit the 4 chips' HBM: " + why.split("RESOURCE_EXHAUSTED:", 1)[1].strip()
+            why = _hbm_verdict(timing.error, "the 4 chips'")
             failures.append(f"{combine}: {why.splitlines()[0][:160]}")
         else:
             timings.append((combine, timing, kernel.source))
@@ -218,7 +205,7 @@ def four_chip_row(seed, task, judge: Judge, chain: tuple[str, list[Edit]] | None
     clock = judge.chip.clock_hz
     compute_s, floor_s = best.compute_cycles / clock, best.hbm_cycles / clock
     tokens = task.batch * task.q_len / best.latency_s
-    per_chip_util = (task.bytes_moved / 4) / best.latency_s / judge.chip.hbm_bytes_per_s
+    per_chip_util = roofline(task.flops, task.bytes_moved, best.latency_s, judge.chip, 4).hbm_util
     block, share = read_tunables(source).get("BLOCK_KV", 0), task.kv_len // 4
     plan = (f"{combine} combine, KV block {min(block, share)} on each chip's {share}-entry share"
             f": compute {compute_s * 1e6:.1f} us, HBM floor {floor_s * 1e6:.1f} us, collectives "

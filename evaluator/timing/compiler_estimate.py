@@ -88,49 +88,42 @@ class CompilerEstimate(TimingSource):
         return {"LIBTPU_INIT_ARGS": f"{DUMP_FLAG}={scratch / 'llo'}"}
 
     def read(self, scratch: Path, stage_data: dict[str, dict], chip: Chip) -> Timing:
-        compile_facts = stage_data.get("compile", {})
-        hbm_bytes = compile_facts.get("hbm_bytes")
-        if compile_facts.get("chips", 1) > 1:
-            return self._read_mesh(scratch, compile_facts, chip)
-        # Only the task's own XLA program (trusted) may have ops without an estimate: they are
-        # counted by the program's HBM traffic. A candidate's never are (FAIL_TIMING).
-        unestimated: list[str] | None = [] if compile_facts.get("trusted") and hbm_bytes else None
-        cycles, why = read_cycles(scratch / "llo", unestimated=unestimated)
+        facts = stage_data.get("compile", {})
+        hbm_bytes = facts.get("hbm_bytes")
+        chips = facts.get("chips", 1)
+        ici_cycles, note = 0, ""
+        if chips > 1:
+            # A per-chip program on the mesh: per chip, max(compute, the busiest chip's HBM floor),
+            # then every collective as the ICI model costs it, summed as if serial and not
+            # overlapped with compute (evaluator/ici_model.py).
+            try:
+                hlo = (scratch / "hlo.txt").read_text()
+            except OSError:
+                return Timing(None, error="the runner wrote no HLO for the ICI model to read")
+            cycles, ici, why = read_mesh_cycles(scratch / "llo", hlo, chip.name)
+            if ici is not None:
+                ici_cycles = math.ceil(ici.seconds * chip.clock_hz)
+                note = f"{chips} chips; collectives by the ICI model: " + "; ".join(
+                    f"{c.collective.kind} {c.collective.bytes} B {c.seconds * 1e6:.2f} us" for c in ici.costs)
+        else:
+            # Only the task's own XLA program (trusted) may have ops without an estimate: they are
+            # counted by the program's HBM traffic. A candidate's never are (FAIL_TIMING).
+            unestimated: list[str] | None = [] if facts.get("trusted") and hbm_bytes else None
+            cycles, why = read_cycles(scratch / "llo", unestimated=unestimated)
+            if unestimated:
+                note = ("ops without a static estimate, counted by the program's HBM traffic only: "
+                        f"{', '.join(unestimated)}")
         if cycles is None:
             return Timing(None, error=why)
-        if compile_facts.get("hbm_blind"):
+        if facts.get("hbm_blind") or (chips > 1 and hbm_bytes is None):
             return Timing(None, error=("the static estimate counts a DMA's issue, not its transfer, and "
                                        "this program moves data the HBM traffic model cannot count: "
-                                       + "; ".join(compile_facts.get("hbm_notes", [])[:3])
+                                       + "; ".join(facts.get("hbm_notes", [])[:3])
                                        + "; time it on a TPU host"))
         if hbm_bytes is None:      # a runner that predates the traffic model
             return Timing(cycles / chip.clock_hz, cycles=cycles, compute_cycles=cycles)
         hbm_cycles = math.ceil(int(hbm_bytes) / chip.hbm_bytes_per_s * chip.clock_hz)
-        total = max(cycles, hbm_cycles)
-        note = (f"ops without a static estimate, counted by the program's HBM traffic only: "
-                f"{', '.join(unestimated)}" if unestimated else "")
-        return Timing(total / chip.clock_hz, cycles=total, compute_cycles=cycles, hbm_cycles=hbm_cycles,
-                      hbm_bytes=int(hbm_bytes), note=note)
-
-    def _read_mesh(self, scratch: Path, facts: dict, chip: Chip) -> Timing:
-        """A per-chip program on the mesh: per chip, the larger of its compute estimate and its HBM
-        floor (the busiest chip's bytes), then every collective as the ICI model costs it, summed
-        as if serial and not overlapped with compute (``evaluator/ici_model.py``)."""
-        try:
-            hlo = (scratch / "hlo.txt").read_text()
-        except OSError:
-            return Timing(None, error="the runner wrote no HLO for the ICI model to read")
-        cycles, ici, why = read_mesh_cycles(scratch / "llo", hlo, chip.name)
-        if cycles is None:
-            return Timing(None, error=why)
-        if facts.get("hbm_blind") or facts.get("hbm_bytes") is None:
-            return Timing(None, error="the HBM traffic model cannot count this program's kernels: "
-                          + "; ".join(facts.get("hbm_notes", [])[:3]) + "; time it on a TPU host")
-        hbm_cycles = math.ceil(int(facts["hbm_bytes"]) / chip.hbm_bytes_per_s * chip.clock_hz)
-        ici_cycles = math.ceil(ici.seconds * chip.clock_hz)
         total = max(cycles, hbm_cycles) + ici_cycles
-        note = f"{facts['chips']} chips; collectives by the ICI model: " + "; ".join(
-            f"{c.collective.kind} {c.collective.bytes} B {c.seconds * 1e6:.2f} us" for c in ici.costs)
         return Timing(total / chip.clock_hz, cycles=total, compute_cycles=cycles, hbm_cycles=hbm_cycles,
-                      hbm_bytes=int(facts["hbm_bytes"]), note=note,
+                      hbm_bytes=int(hbm_bytes), note=note,
                       chip_bytes=tuple(int(b) for b in facts.get("per_chip_kernel_bytes", ())))
