@@ -41,6 +41,8 @@ SCHEMA = pa.schema(
         pa.field("jax_version", pa.string()),
         pa.field("jaxlib_version", pa.string()),
         pa.field("libtpu_version", pa.string()),
+        pa.field("correctness_sets", pa.int64()),
+        pa.field("secret_sets", pa.int64()),
         pa.field("wall_time_s", pa.float64()),
         pa.field("from_archive", pa.bool_()),   # this run took the verdict from the archive
         pa.field("log_tail", pa.string()),

@@ -6,6 +6,8 @@ import dataclasses
 
 import numpy as np
 
+QUANTILE = 0.99   # the error the baseline comparison holds a kernel to, besides the mean
+
 
 @dataclasses.dataclass(frozen=True)
 class Comparison:
@@ -21,8 +23,9 @@ def compare(out: np.ndarray, ref: np.ndarray, *, expected_dtype: str, atol: floa
             baseline_factor: float = 1.5) -> Comparison:
     """Strict: shape and dtype must match exactly; any NaN or Inf fails; then elementwise
     ``|out - ref| <= atol + rtol * |ref|``; then, given the task's own XLA program's output on the
-    same input (``baseline``), the largest error may be at most ``baseline_factor`` times the
-    baseline's, so that a less precise kernel cannot hide inside a loose tolerance."""
+    same input (``baseline``), the 99th-percentile and the mean error may be at most
+    ``baseline_factor`` times the baseline's, so that a less precise kernel cannot hide inside a
+    loose tolerance."""
     where = f" on {label}" if label else ""
     if tuple(out.shape) != tuple(ref.shape):
         return Comparison(False, f"output shape {tuple(out.shape)} != expected {tuple(ref.shape)}{where}")
@@ -48,9 +51,13 @@ def compare(out: np.ndarray, ref: np.ndarray, *, expected_dtype: str, atol: floa
         return Comparison(True, "", max_abs, max_rel)
     base_diff = np.abs(baseline.astype(np.float32) - ref)
     base_abs = float(base_diff.max()) if diff.size else 0.0
-    # The worst element and the typical one: a kernel that loses precision everywhere (bf16
-    # accumulation) shows in the mean long before it shows in the max.
-    for name, ours, theirs in (("max", max_abs, base_abs),
+    # Nearly every element and the typical one: a kernel that loses precision everywhere (bf16
+    # accumulation) shows in the mean long before it shows in the max. Not the max itself: on
+    # inputs drawn afresh by every judge, the largest of 10^5 errors is an extreme value that
+    # swings with the draw (measured, an approximate reciprocal's max-error ratio ranged 0.7-3.7
+    # over 30 secret sets, its 99th percentile 1.0-1.3); every element is still held to atol/rtol.
+    for name, ours, theirs in (("99th-percentile", float(np.quantile(diff, QUANTILE)),
+                                float(np.quantile(base_diff, QUANTILE))),
                                ("mean", float(diff.mean()), float(base_diff.mean()))):
         if ours > baseline_factor * theirs:
             return Comparison(False, (f"{name} abs error {ours:.4g} is more than {baseline_factor:g}x "

@@ -56,7 +56,8 @@ def program_traffic(exported, input_value: Callable[[int], np.ndarray] | None = 
     """The HBM traffic of every Pallas kernel in ``exported`` (a TPU ``jax.export.Exported``).
 
     ``input_value(i)`` gives the program's i-th argument (read only for scalar-prefetch operands
-    that are program arguments); None when the values are unknown. Never raises: what cannot be
+    that are program arguments), or None where it is unknown; ``input_value`` None when every value
+    is unknown. Never raises: what cannot be
     read becomes a note and an upper bound.
     """
     from jax._src.interpreters import mlir
@@ -153,8 +154,8 @@ def _kernel_bytes(module, operands, results, input_value) -> tuple[int, list[str
         if "scalar_prefetch" in main.attributes else 0
     windows = list(ir.ArrayAttr(main.attributes["window_params"]))
     arrays = [(shape, size) for shape, size, _ in operands[n_prefetch:]] + list(results)
-    prefetch = [None if arg is None or input_value is None else np.asarray(input_value(arg))
-                for _, _, arg in operands[:n_prefetch]]
+    values = [None if arg is None or input_value is None else input_value(arg) for _, _, arg in operands[:n_prefetch]]
+    prefetch = [None if v is None else np.asarray(v) for v in values]
     notes: list[str] = []
     if len(windows) != len(arrays):
         return 0, [f"{len(windows)} windows for {len(arrays)} operands and results: not modelled"], True

@@ -44,6 +44,8 @@ from evaluator import jail, wire
 from evaluator.chips import Chip, get_chip
 from evaluator.arrays import load_array, save_array
 from evaluator.compare import Comparison, compare
+from evaluator.constants import BUDGET_BYTES
+from evaluator.ground_truth import GroundTruth, InputSets, draw, timing_input
 from evaluator.result import EvalResult, Metrics, Provenance, Status
 from evaluator.roofline import roofline
 from evaluator.sandbox import ChildOutcome, Limits, run_child
@@ -92,7 +94,8 @@ class JudgeConfig:
     timing: str = "auto"                 # "auto": measured on a TPU host, else compiler_estimate
     budgets: StageBudgets = StageBudgets()
     limits: Limits = Limits()
-    # (distribution, PRNG seed) per input set; None: the task's own.
+    # (distribution, PRNG seed) per input set, public; None: the task's distributions, each with a
+    # secret seed drawn by the judge from the OS (ground_truth.py), the default.
     correctness_inputs: tuple[tuple[str, int], ...] | None = None
     workers: int = max(1, os.cpu_count() or 1)
     cache_dir: str | None = None         # reference timings; default ~/.cache/pallas-evolve
@@ -100,6 +103,8 @@ class JudgeConfig:
     suspect_factor: float = 1.0          # faster than roofline * factor -> SUSPECT
     # A candidate's error may be at most this multiple of the task's own XLA program's error.
     reference_error_factor: float = 1.5
+    # Bytes of constants a candidate's program may carry (evaluator/constants.py).
+    constant_budget_bytes: int = BUDGET_BYTES
 
     def __post_init__(self) -> None:
         get_chip(self.chip)
@@ -110,16 +115,6 @@ class JudgeConfig:
             raise ValueError("workers must be at least 1")
         if self.correctness_inputs is not None and not self.correctness_inputs:
             raise ValueError("correctness needs at least one input set")
-
-
-@dataclasses.dataclass(frozen=True)
-class GroundTruth:
-    """One input set, the f32 truth on it, and what the task's own XLA program gives on it."""
-
-    label: str
-    inputs: tuple
-    f32: np.ndarray
-    program_out: np.ndarray | None = None
 
 
 def _private_dir(kind: str) -> Path:
@@ -170,6 +165,8 @@ def classify_error(stage: str, kind: str, message: str) -> Status:
         return Status.FAIL_VMEM
     if kind == "MemoryError" or any(k in low for k in ("bad_alloc", "cannot allocate memory")):
         return Status.OOM
+    if kind == "KnobRefused":      # a compiler parameter the judge does not model (compiler_params.py)
+        return Status.FAIL_TIMING
     if kind in ("Refused", "WireError"):
         return Status.FAIL_TRACE
     return {"load": Status.FAIL_LOWER, "lower": Status.FAIL_LOWER, "compile": Status.FAIL_COMPILE,
@@ -222,9 +219,13 @@ class Judge:
 
     def provenance(self, task: SeedTask | None = None) -> Provenance:
         v = versions()
+        sets = secret = None
+        if task is not None:
+            sets = len(self.config.correctness_inputs or task.correctness_inputs)
+            secret = 0 if self.config.correctness_inputs else sets
         return Provenance(timing_source=self.source_label(task), chip=self.chip.name,
                           jax_version=v["jax_version"], jaxlib_version=v["jaxlib_version"],
-                          libtpu_version=v["libtpu_version"])
+                          libtpu_version=v["libtpu_version"], correctness_sets=sets, secret_sets=secret)
 
     # ---- children --------------------------------------------------------------------------------
     def _base_env(self, home: Path) -> dict[str, str]:
@@ -266,9 +267,10 @@ class Judge:
                    "specs": task.input_specs(), "input_names": list(task.input_names),
                    "topology": self.chip.topology, "on_tpu": self.on_tpu, "inputs": input_dirs,
                    # whose values data-dependent index maps are evaluated on (the HBM traffic model)
-                   "timing_input": timing_input or (input_dirs[0] if input_dirs else None),
+                   "timing_input": timing_input,
                    "out_dir": str(private), "timing": self.timing.worker_request(),
                    "refuse": list(TRACE_REFUSALS), "compile": compile_tpu, "prune": prune,
+                   "constant_budget": self.config.constant_budget_bytes,
                    "chips": chips, "mesh_axis": task.mesh_axis,
                    "chip_specs": task.chip_specs(chips) if chips > 1 else None}
         # Defence in depth: the runner parses programs a candidate produced. Off a TPU host it is
@@ -297,10 +299,8 @@ class Judge:
             return self._truth[task]
 
     def _make_ground_truth(self, task: SeedTask) -> list[GroundTruth]:
-        sets = []
-        for dist, seed in self.config.correctness_inputs or task.correctness_inputs:
-            inputs = task.make_inputs(seed, dist)
-            sets.append(GroundTruth(f"input {dist} seed {seed}", inputs, task.reference(*inputs)))
+        drawn: InputSets = draw(task, self.config.correctness_inputs)
+        sets = [GroundTruth(label, inputs, task.reference(*inputs)) for label, inputs in drawn.sets]
         timing = self._cached_reference(task)
         private = _private_dir("ref")
         try:
@@ -442,16 +442,12 @@ class Judge:
             path = private / PROGRAM_FILE
             if program is not None:
                 path.write_bytes(program)
-            # The timing input's small arrays (e.g. cache lengths), for index maps that read them.
-            small = private / "timing_input"
-            small.mkdir()
-            for name, array in self._small_timing_arrays(task).items():
-                save_array(small / f"{name}.npy", array)
+            small = self._timing_input(task, private / "timing_input")
             chips = self._traced_chips(outcome, task) if program is not None else 1
             if chips is None:
                 return Timing(None, error=f"the worker claims a chip count the task ({task.chips}) does not offer"), []
             run = self._run_runner(private, task, "candidate" if program is not None else "reference",
-                                   str(path) if program is not None else None, [], timing_input=str(small),
+                                   str(path) if program is not None else None, [], timing_input=small,
                                    chips=chips)
             failure = self._failure(run)
             if failure is not None:
@@ -461,13 +457,17 @@ class Judge:
         finally:
             shutil.rmtree(private, ignore_errors=True)
 
-    def _small_timing_arrays(self, task: SeedTask) -> dict[str, np.ndarray]:
-        """The timing input's small arrays, by input name (made once per task)."""
+    def _timing_input(self, task: SeedTask, directory: Path) -> str:
+        """The public timing input's arrays (``ground_truth.timing_input``: small integers such as
+        cache lengths) written to ``directory``, for index maps that read them."""
         with self._lock:
             if task not in self._small_inputs:
-                dist, seed = (self.config.correctness_inputs or task.correctness_inputs)[0]
-                self._small_inputs[task] = task.small_inputs(seed, dist)
-            return self._small_inputs[task]
+                self._small_inputs[task] = timing_input(task, self.config.correctness_inputs)
+            arrays = self._small_inputs[task]
+        directory.mkdir()
+        for name, array in arrays.items():
+            save_array(directory / f"{name}.npy", array)
+        return str(directory)
 
     def evaluate_many(self, sources: Sequence[str], task: SeedTask, *,
                       prune_above_cycles: int | None = None) -> list[EvalResult]:
@@ -541,7 +541,7 @@ class Judge:
             if prune_above_cycles is not None and self.timing.name == "compiler_estimate":
                 prune = {"estimate_dir": str(private / "llo"), "above_cycles": int(prune_above_cycles)}
             outcome = self._run_runner(private, task, "candidate", str(path), input_dirs, prune=prune,
-                                       chips=chips)
+                                       chips=chips, timing_input=self._timing_input(task, private / "timing_input"))
             data = self._stage_data(outcome)
             compiled = data.get("compile", {})
             findings = data.get("audit", {}).get("findings", [])
@@ -549,6 +549,8 @@ class Judge:
                 metrics, vmem_bytes=compiled.get("vmem_bytes"), copy_trap=compiled.get("copy_trap"), chips=chips,
                 compile_time_s=compiled.get("compile_time_s"), runner_time_s=outcome.wall_time_s,
                 lower_time_s=data.get("audit", {}).get("lower_time_s"),
+                constant_bytes=data.get("audit", {}).get("constant_bytes"),
+                constant_computed_bytes=data.get("audit", {}).get("constant_computed_bytes"),
                 correctness_time_s=data.get("correctness", {}).get("correctness_time_s"),
                 timing_time_s=data.get("timing", {}).get("timing_time_s"))
             failure = self._failure(outcome)

@@ -54,6 +54,10 @@ class Metrics:
     max_abs_error: float | None = None
     max_rel_error: float | None = None
     reference_max_abs_error: float | None = None        # the task's XLA program, same inputs
+    # What the program holds as data (evaluator/constants.py): every constant and literal, and the
+    # largest array computed outside its kernels from constants alone.
+    constant_bytes: int | None = None
+    constant_computed_bytes: int | None = None
     # Seconds per stage. The worker's start, load and trace are sandbox_time_s; the runner's own
     # start-up is runner_time_s less its stages.
     sandbox_time_s: float | None = None                # the jailed worker: start, load, trace
@@ -97,6 +101,8 @@ class Provenance:
     jax_version: str | None = None
     jaxlib_version: str | None = None
     libtpu_version: str | None = None
+    correctness_sets: int | None = None  # input sets the candidate was checked on
+    secret_sets: int | None = None       # of which drawn in secret by this judge (ground_truth.py)
 
 
 @dataclasses.dataclass(frozen=True)

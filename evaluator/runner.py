@@ -59,7 +59,7 @@ def _hbm_facts(compiled, exported, timing_input: str | None, names: list, specs:
     except Exception:  # noqa: BLE001 - no analysis: the kernels' traffic alone
         xla_bytes = 0
     value = None if timing_input is None else (
-        lambda i: _read_input(timing_input, names[i], specs[i][1]))
+        lambda i: _read_public(timing_input, names[i], specs[i][1]))
     traffic = program_traffic(exported, value) if exported is not None else Traffic()
     return {"hbm_bytes": xla_bytes + traffic.kernel_bytes,
             "hbm_kernel_bytes": traffic.kernel_bytes,
@@ -72,18 +72,29 @@ def _read_input(directory: str, name: str, dtype: str):
     return load_array(f"{directory}/{name}.npy", dtype)
 
 
+def _read_public(directory: str, name: str, dtype: str):
+    """An input of the public timing input, or None (unknown: the traffic model then counts every
+    step as a fetch) if it is not one of them (only small integers are: ``ground_truth.py``)."""
+    import os
+
+    return _read_input(directory, name, dtype) if os.path.exists(f"{directory}/{name}.npy") else None
+
+
 def _write_output(path: str, out) -> dict:
     from evaluator.arrays import save_array
 
     return save_array(path, out)
 
 
-def _load_programs(path: str, specs: list, *, cpu: bool, chips: int = 1) -> tuple[dict, object]:
-    """The TPU (and CPU) program of the worker's traced jaxpr, lowered here, and the jaxpr. For a
-    per-chip program they are chip 0's alone (collectives as stand-ins: what the audit reads)."""
+def _load_programs(path: str, specs: list, *, cpu: bool, chips: int = 1,
+                   constant_budget: int | None = None) -> tuple[dict, object, object]:
+    """The TPU (and CPU) program of the worker's traced jaxpr, lowered here, the jaxpr, and what it
+    holds as data. For a per-chip program they are chip 0's alone (collectives as stand-ins: what
+    the audit reads). Refused before lowering: constants over the budget (``constants.py``) and a
+    compiler parameter outside the allow-list (``compiler_params.py``)."""
     import jax
 
-    from evaluator import mesh, traced, wire
+    from evaluator import compiler_params, constants, mesh, traced, wire
 
     with open(path, "rb") as fh:
         blob = fh.read(wire.MAX_BYTES + 1)
@@ -92,6 +103,11 @@ def _load_programs(path: str, specs: list, *, cpu: bool, chips: int = 1) -> tupl
     if avals != [(shape, str(dtype)) for shape, dtype in specs]:
         per_chip = f" on each of {chips} chips" if chips > 1 else ""
         raise Refused(f"refused: the traced program takes {avals}, not the task's inputs{per_chip} {specs}")
+    held = constants.report(closed)
+    problem = held.problem(constants.BUDGET_BYTES if constant_budget is None else constant_budget)
+    if problem:
+        raise Refused(problem)
+    compiler_params.check(closed)
     args = tuple(jax.ShapeDtypeStruct(s, d) for s, d in specs)
     remote = mesh.remote_communication(closed.jaxpr)
     if remote:
@@ -105,11 +121,11 @@ def _load_programs(path: str, specs: list, *, cpu: bool, chips: int = 1) -> tupl
         if chips > 1:
             traced.check(closed)
             found = {"tpu": mesh.chip_export(closed, 0, False, "tpu", args)}
-            return found | ({"cpu": mesh.chip_export(closed, 0, True, "cpu", args)} if cpu else {}), closed
+            return found | ({"cpu": mesh.chip_export(closed, 0, True, "cpu", args)} if cpu else {}), closed, held
         programs = traced.programs(closed, args, cpu=cpu)
     except (traced.Refused, mesh.MeshRefused) as exc:
         raise Refused(str(exc)) from exc
-    return {"tpu": programs.tpu} | ({"cpu": programs.cpu} if cpu else {}), closed
+    return {"tpu": programs.tpu} | ({"cpu": programs.cpu} if cpu else {}), closed, held
 
 
 def _mesh_hbm_facts(compiled, closed, first, task, req: dict, specs: list) -> dict:
@@ -126,8 +142,9 @@ def _mesh_hbm_facts(compiled, closed, first, task, req: dict, specs: list) -> di
     args = tuple(jax.ShapeDtypeStruct(s, d) for s, d in specs)
     per_chip, notes, blind = [], [], False
     for chip in range(chips):
-        value = None if timing_input is None else (lambda i, c=chip: task.chip_split(
-            names[i], _read_input(timing_input, names[i], specs[i][1]), chips)[c])
+        value = None if timing_input is None else (lambda i, c=chip: None if (
+            array := _read_public(timing_input, names[i], specs[i][1])) is None else task.chip_split(
+            names[i], array, chips)[c])
         exported = first if chip == 0 else chip_export(closed, chip, False, "tpu", args)
         traffic = program_traffic(exported, value)
         per_chip.append(traffic.kernel_bytes)
@@ -180,7 +197,8 @@ def main(request_path: str) -> int:
             reporter.stage(stage)
             t0 = time.perf_counter()
             chip_specs = [(tuple(s), str(d)) for s, d in req["chip_specs"]] if chips > 1 else specs
-            programs, closed = _load_programs(req["program"], chip_specs, cpu=not req["on_tpu"], chips=chips)
+            programs, closed, held = _load_programs(req["program"], chip_specs, cpu=not req["on_tpu"], chips=chips,
+                                                    constant_budget=req.get("constant_budget"))
             stage = "audit"
             reporter.stage(stage)
             from evaluator.kernel_audit import audit_exported
@@ -188,7 +206,8 @@ def main(request_path: str) -> int:
             findings = [f for p in programs.values() for f in audit_exported(p)]
             reporter.send(event="stage_ok", stage=stage,
                           data={"findings": [f.__dict__ for f in findings],
-                                "lower_time_s": time.perf_counter() - t0})
+                                "lower_time_s": time.perf_counter() - t0, "constant_bytes": held.data_bytes,
+                                "constant_computed_bytes": held.computed_bytes})
             fatal = [f for f in findings if f.construct in set(req["refuse"])]
             if fatal:
                 raise Refused("; ".join(f"{f.construct} in {f.where}: {f.detail}" for f in fatal))

@@ -17,6 +17,8 @@ import sys
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
+from evaluator.compiler_params import ALLOWED as ALLOWED_COMPILER_PARAMS
+
 # Modules a kernel may import (a module is allowed if it equals one of these or lies below it).
 ALLOWED_IMPORTS = (
     "jax.numpy",
@@ -136,6 +138,24 @@ class _Screen(cst.CSTVisitor):
         if isinstance(node.func, cst.Name) and node.func.value in FORBIDDEN_CALLS:
             self._not_references.add(id(node.func))
             self._flag(node, f"call of '{node.func.value}()' is not allowed")
+        callee = node.func.attr.value if isinstance(node.func, cst.Attribute) else (
+            node.func.value if isinstance(node.func, cst.Name) else "")
+        if callee == "CompilerParams":
+            self._check_compiler_params(node)
+
+    def _check_compiler_params(self, node: cst.Call) -> None:
+        """Only the compiler parameters the judge models (``compiler_params.ALLOWED``): the
+        interpreter that checks a kernel ignores them all, the TPU compile obeys them."""
+        allowed = ", ".join(ALLOWED_COMPILER_PARAMS)
+        for i, arg in enumerate(node.args):
+            name = arg.keyword.value if arg.keyword is not None else None
+            if arg.star:
+                self._flag(node, f"CompilerParams(**...) or (*...) is not allowed: name the parameters ({allowed})")
+            elif name is None and i >= len(ALLOWED_COMPILER_PARAMS):
+                self._flag(node, f"CompilerParams takes only {allowed} (by name)")
+            elif name is not None and name not in ALLOWED_COMPILER_PARAMS:
+                self._flag(node, f"compiler parameter '{name}' is not allowed (only {allowed}): the "
+                                 "interpreter that checks a kernel ignores it, the TPU compile obeys it")
 
     def visit_Arg(self, node: cst.Arg) -> None:
         if node.keyword is not None:

@@ -88,7 +88,9 @@ def check(closed) -> None:
 
 
 def with_interpret(jaxpr, interpret):
-    """A copy of ``jaxpr`` whose every ``pallas_call`` (at any depth) has ``interpret`` set."""
+    """A copy of ``jaxpr`` whose every ``pallas_call`` (at any depth) has ``interpret`` set and no
+    declared cost estimate (``compiler_params.py``: the judge never reads a kernel's account of
+    its own cost, so none may reach the compiler either)."""
     from jax._src import core as jcore
     from jax._src.pallas.pallas_call import pallas_call_p
 
@@ -97,6 +99,7 @@ def with_interpret(jaxpr, interpret):
         params = dict(eqn.params)
         if eqn.primitive is pallas_call_p:
             params["interpret"] = interpret
+            params["cost_estimate"] = None
         else:
             for key, value in params.items():
                 if isinstance(value, jcore.ClosedJaxpr):

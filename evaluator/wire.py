@@ -40,7 +40,7 @@ _ALLOWED = {
     ("jax._src.state.types", "TransformedRef"), ("numpy._core.numeric", "_frombuffer"),
     ("numpy.core.numeric", "_frombuffer"), ("jax._src.source_info_util", "SourceInfo"),
     ("jax._src.source_info_util", "NameStack"),
-    ("jax._src.literals", "TypedFloat"), ("jax._src.literals", "TypedInt"),
+    ("jax._src.literals", "TypedFloat"), ("jax._src.literals", "TypedInt"), ("jax._src.frozen_dict", "FrozenDict"),
     ("jax._src.literals", "TypedNdArray"), ("jax._src.named_sharding", "UnspecifiedValue"),
     ("jax._src.named_sharding", "_unpickle_named_sharding"), ("jax._src.mesh", "AbstractMesh"),
     ("jax._src.mesh", "Mesh"), ("jax", "P"), ("jax._src.partition_spec", "PartitionSpec"),

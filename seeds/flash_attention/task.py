@@ -16,7 +16,10 @@ from seeds._contract import SeedTask, check_positive_ints
 from seeds._contract import parse_shape as _parse_shape
 
 DTYPES = ("bfloat16", "float16", "float32")
-DISTRIBUTIONS = ("normal", "outliers")
+DISTRIBUTIONS = ("normal", "outliers", "tempered")
+# "tempered": the logits' temperature is itself drawn (log-uniform over this range) from the set's
+# seed, which the judge draws in secret: a kernel tuned to the statistics of N(0, 1) logits fails.
+TEMPERATURES = (0.25, 16.0)
 SEQ_TILE = 128            # sequence blocks are multiples of the 128-lane tile
 MAX_SEQ_BLOCK = 2048
 MAX_HEADS_PER_PROGRAM = 8
@@ -40,8 +43,9 @@ class Task(SeedTask):
     input_names = ("q", "k", "v")
     shape_grammar = "B=1,H=8,N=2048,D=128"
     distributions = DISTRIBUTIONS
-    # Inputs every candidate is checked on: several PRNG seeds and both distributions.
-    correctness_inputs = (("normal", 0), ("normal", 1), ("outliers", 2))
+    # The distributions every candidate is checked on; the judge draws each set's seed in secret
+    # (evaluator/ground_truth.py). These seeds are public: only a judge given explicit sets uses them.
+    correctness_inputs = (("normal", 0), ("outliers", 1), ("tempered", 2))
     peers = {"JAX flash_attention (tuned blocks)": "../../examples/jax_flash_attention_tuned.py"}
     ablation_peers = {"JAX flash_attention (default blocks)": "../../examples/jax_flash_attention.py"}
 
@@ -161,16 +165,22 @@ def make_inputs(task: AttentionTask, seed: int, distribution: str = "normal"):
     """q, k, v as numpy arrays of the task's dtype (bf16 via ml_dtypes).
 
     ``outliers`` adds a few large-magnitude entries to q and k (large logits test the running
-    max) and to v (large values test the accumulator's scaling).
+    max) and to v (large values test the accumulator's scaling). ``tempered`` scales q and k so
+    that the logits' temperature is t, drawn log-uniform in TEMPERATURES from the seed (t = 16:
+    logits of standard deviation 16, a near one-hot softmax; t = 0.25: a near-uniform one).
     """
     import ml_dtypes  # installed with jax
 
     if distribution not in DISTRIBUTIONS:
         raise ValueError(f"unknown distribution {distribution!r}; use one of {DISTRIBUTIONS}")
     rng = np.random.default_rng(seed)
+    scale = 1.0
+    if distribution == "tempered":
+        low, high = np.log(TEMPERATURES)
+        scale = float(np.sqrt(np.exp(rng.uniform(low, high))))   # q and k each: logits scale by t
     arrays = []
-    for scale in (1.0, 1.0, 1.0):
-        x = rng.standard_normal(task.shape, dtype=np.float32) * scale
+    for x_scale in (scale, scale, 1.0):
+        x = rng.standard_normal(task.shape, dtype=np.float32) * np.float32(x_scale)
         if distribution == "outliers":
             mask = rng.random(task.shape) < 0.002
             x = np.where(mask, x * 30.0, x)

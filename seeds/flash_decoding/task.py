@@ -22,6 +22,7 @@ TOLERANCES = {"bfloat16": (2e-2, 2e-2), "float16": (4e-3, 4e-3), "float32": (2e-
 SEQ_TILE = 128
 MAX_KV_BLOCK = 8192
 KV_SPLITS = (1, 2, 4, 8, 16)
+TEMPERATURES = (0.25, 16.0)    # the "tempered" distribution's logit scale: log-uniform in this range
 _SHAPE_KEYS = {"B": "batch", "H": "heads", "HKV": "kv_heads", "N": "kv_len", "D": "head_dim", "T": "q_len"}
 
 
@@ -36,9 +37,12 @@ class Task(SeedTask):
     input_names = ("q", "k", "v", "lengths")
     shape_grammar = "B=8,H=8,HKV=8,N=32768,D=128,T=1"
     # ragged: lengths drawn in 1..N with the edge cases 1 and N always present; full: every
-    # sequence uses the whole cache; outliers: ragged, with a few large-magnitude q, k, v entries.
-    distributions = ("ragged", "full", "outliers")
-    correctness_inputs = (("ragged", 0), ("full", 1), ("outliers", 2))
+    # sequence uses the whole cache; outliers: ragged, with a few large-magnitude q, k, v entries;
+    # tempered: ragged, with the logits' temperature drawn log-uniform in TEMPERATURES.
+    distributions = ("ragged", "full", "outliers", "tempered")
+    # The judge draws each set's seed in secret (evaluator/ground_truth.py); the first set keeps the
+    # public timing input's lengths (ragged, seed 0), which the figures are of.
+    correctness_inputs = (("ragged", 0), ("outliers", 1), ("tempered", 2))
     # --chips 4: a v5e 2x2. The cache is split along its length: chip c holds entries
     # [c N/4, (c+1) N/4) of every sequence, and its own lengths clip(lengths - c N/4, 0, N/4)
     # (0 for a chip past a sequence's end); q is on every chip.
@@ -146,9 +150,12 @@ class Task(SeedTask):
             raise ValueError(f"unknown distribution {distribution!r}; use one of {self.distributions}")
         rng = np.random.default_rng(seed)
         np_dtype = ml_dtypes.bfloat16 if self.dtype == "bfloat16" else np.dtype(self.dtype)
+        temperature = 1.0
+        if distribution == "tempered":
+            temperature = float(np.exp(rng.uniform(*np.log(TEMPERATURES))))
         arrays = []
-        for shape, _ in self.input_specs()[:3]:
-            x = rng.standard_normal(shape, dtype=np.float32)
+        for i, (shape, _) in enumerate(self.input_specs()[:3]):
+            x = rng.standard_normal(shape, dtype=np.float32) * np.float32(temperature if i == 0 else 1.0)
             if distribution == "outliers":
                 x = np.where(rng.random(shape) < 0.002, x * 30.0, x)
             arrays.append(x.astype(np_dtype))

@@ -74,3 +74,22 @@ def test_attribute_and_keyword_names_that_shadow_builtins_are_not_references():
     src = "import jax\n\ndef flash_attention(q, k, v, *, causal=True, sm_scale=1.0, compile=None):\n" \
           "    f = jax.jit(lambda x: x).lower(q).compile\n    return dict(open=q)['open']\n"
     assert screen_source(src).ok, screen_source(src).error
+
+
+@pytest.mark.parametrize("params, named", [
+    ('flags={"xla_tpu_enable_log_recorder": True}', "compiler parameter 'flags'"),
+    ("disable_bounds_checks=True", "compiler parameter 'disable_bounds_checks'"),
+    ("internal_scratch_in_bytes=4096", "compiler parameter 'internal_scratch_in_bytes'"),
+    ('**{"flags": {}}', "CompilerParams(**...)"),
+    ('("parallel",), None, None, 7', "CompilerParams takes only"),
+])
+def test_compiler_parameters_outside_the_allow_list_are_named(seed_source, params, named):
+    old = "compiler_params=pltpu.CompilerParams("
+    result = screen_source(seed_source.replace(old, f"{old}{params}, "))
+    assert not result.ok and named in result.error, result.error
+
+
+def test_the_allowed_compiler_parameters_pass(seed_source):
+    old = "compiler_params=pltpu.CompilerParams("
+    allowed = "vmem_limit_bytes=96 * 2**20, allow_input_fusion=[False, False, False], "
+    assert screen_source(seed_source.replace(old, old + allowed)).ok

@@ -141,14 +141,15 @@ def test_diagonal_strips_that_really_split_a_block_stay_correct(judge, strip, he
     assert correct(r), (r.status, r.error)
 
 
-def test_an_approximate_reciprocal_is_the_judges_call(judge):
-    # Exact in the causal task's tolerance, too coarse on full attention with outliers: the
-    # operator applies to both, and the judge's precision bar decides.
-    verdicts = {}
+def test_an_approximate_reciprocal_passes_the_precision_bar_on_any_draw(judge):
+    # Pallas' interpreter models the approximate reciprocal as a bf16 one: the output's error is up
+    # to about twice the rounding of the task's XLA program at its worst elements (a max-error
+    # ratio of 0.7-3.7 across secret draws), within 1.3x at its 99th percentile and in the mean,
+    # which is what the judge's bar reads. Causal and full attention alike pass, on this judge's
+    # secret draw (tests/evaluator/test_secret_inputs.py judges such a chain on five draws).
     for causal in (True, False):
         task = SMALL[causal]
         result = replay(seed_source(), [Edit("deferred_norm"), Edit("approx_reciprocal")], task)
         assert result.status == "applied", result.reason
-        verdicts[causal] = judge.evaluate(result.source, task)
-    assert correct(verdicts[True]), (verdicts[True].status, verdicts[True].error)
-    assert verdicts[False].status is Status.FAIL_CORRECTNESS and "less precise" in verdicts[False].error
+        verdict = judge.evaluate(result.source, task)
+        assert correct(verdict), (causal, verdict.status, verdict.error)

@@ -45,7 +45,36 @@ EXPECTED = {
     "c5_prefetch_loop_bound": (Status.FAIL_TIMING, "data_dependent_loop"),
     "c6_cache_and_setsid": (Status.PASS, ""),
     "c7_bf16_accumulation": (Status.FAIL_CORRECTNESS, "less precise"),
+    "c8_known_outputs_in_kernel": (Status.FAIL_TRACE, "bytes of constants"),
+    "c8_known_outputs_in_xla": (Status.FAIL_TRACE, "bytes of constants"),
 }
+# Class 8, compiler knobs the interpreter never sees: the seed with one CompilerParams field set
+# (made here from the seed's source, so they follow it) -> (status, phrase).
+_PARAMS = "        compiler_params=pltpu.CompilerParams(\n"
+KNOBS = {
+    "c8_knob_flags": ('flags={"xla_tpu_enable_log_recorder": True}, ', Status.FAIL_TIMING,
+                      "compiler parameter flags="),
+    "c8_knob_disable_bounds_checks": ("disable_bounds_checks=True, ", Status.FAIL_TIMING,
+                                      "compiler parameter disable_bounds_checks=True"),
+    "c8_knob_internal_scratch": ("internal_scratch_in_bytes=1 << 20, ", Status.FAIL_TIMING,
+                                 "compiler parameter internal_scratch_in_bytes="),
+    "c8_knob_serialization_format": ("serialization_format=0, ", Status.FAIL_TIMING,
+                                     "compiler parameter serialization_format=0"),
+    "c8_knob_side_effects": ("has_side_effects=True, ", Status.FAIL_TIMING, "has_side_effects"),
+    # A declared cost estimate is dropped before lowering: a tiny one changes no figure (PASS, the
+    # seed's figure exactly; the check below).
+    "c8_tiny_cost_estimate": (None, Status.PASS, ""),
+}
+
+
+def knob_source(name: str) -> str:
+    seed = SEED.read_text()
+    assert seed.count(_PARAMS) == 1
+    field = KNOBS[name][0]
+    if field is None:
+        return seed.replace(_PARAMS, "        cost_estimate=pl.CostEstimate(flops=1, transcendentals=0, "
+                                     "bytes_accessed=1),\n" + _PARAMS)
+    return seed.replace(_PARAMS, _PARAMS + "            " + field)
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +84,9 @@ def verdicts(tmp_path_factory):
     mp.setattr(judge_module, "screen_source", lambda *a, **k: ScreenResult(True))
     cache = tmp_path_factory.mktemp("adversarial-cache")
     judge = Judge(JudgeConfig(cache_dir=str(cache), workers=2))
-    names = sorted(EXPECTED)
-    sources = [(CANDIDATES / f"{n}.py").read_text() for n in names] + [SEED.read_text()]
+    names = sorted(EXPECTED) + sorted(KNOBS)
+    sources = [(CANDIDATES / f"{n}.py").read_text() for n in sorted(EXPECTED)] + [
+        knob_source(n) for n in sorted(KNOBS)] + [SEED.read_text()]
     try:
         reference = judge.reference_timing(TASK)
         cache_before = (cache / "reference_timings.json").read_text()
@@ -71,12 +101,12 @@ def verdicts(tmp_path_factory):
 def test_every_candidate_has_a_file_and_every_class_a_candidate():
     files = {p.stem for p in CANDIDATES.glob("c*.py")}
     assert set(EXPECTED) == files
-    assert {name[:2] for name in files} == {f"c{i}" for i in range(1, 8)}
+    assert {name[:2] for name in files} == {f"c{i}" for i in range(1, 9)}
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED))
+@pytest.mark.parametrize("name", sorted(EXPECTED) + sorted(KNOBS))
 def test_each_candidate_is_refused_or_honestly_scored(verdicts, name):
-    status, phrase = EXPECTED[name]
+    status, phrase = EXPECTED[name] if name in EXPECTED else KNOBS[name][1:]
     if name in JAILED and not jail.probe().enabled:
         pytest.skip("needs the jail")
     result = verdicts["results"][name]
@@ -102,3 +132,37 @@ def test_nothing_escaped_the_jail(verdicts):
     assert not [p for pattern in MARKERS for p in glob.glob(pattern)], "a candidate wrote outside its jail"
     left = subprocess.run(["pgrep", "-f", "sleep 617"], capture_output=True, text=True).stdout.split()
     assert not left, f"a setsid'd process outlived its evaluation: {left}"
+
+
+@pytest.fixture(scope="module")
+def known_outputs(tmp_path_factory):
+    """Class 8 against each defence alone, and against none: the judge's inputs public (the task's
+    documented sets) or secret, the constant budget on or lifted."""
+    mp = pytest.MonkeyPatch()
+    mp.setattr(judge_module, "screen_source", lambda *a, **k: ScreenResult(True))
+    cache = tmp_path_factory.mktemp("known-outputs-cache")
+    names = ["c8_known_outputs_in_kernel", "c8_known_outputs_in_xla"]
+    sources = [(CANDIDATES / f"{n}.py").read_text() for n in names]
+    public, lifted = TASK.correctness_inputs, 1 << 40
+    configs = {"neither": dict(correctness_inputs=public, constant_budget_bytes=lifted),
+               "secret inputs alone": dict(constant_budget_bytes=lifted),
+               "constant budget alone": dict(correctness_inputs=public)}
+    out = {}
+    try:
+        for label, extra in configs.items():
+            judge = Judge(JudgeConfig(cache_dir=str(cache), workers=2, **extra))
+            out[label] = dict(zip(names, judge.evaluate_many(sources, TASK)))
+    finally:
+        mp.undo()
+    return out
+
+
+@pytest.mark.parametrize("name", ["c8_known_outputs_in_kernel", "c8_known_outputs_in_xla"])
+def test_outputs_keyed_to_known_inputs_are_stopped_by_each_defence_alone(known_outputs, name):
+    hole = known_outputs["neither"][name]
+    # The attack is real: with public inputs and no budget it passes, computing no attention.
+    assert hole.status is Status.PASS, (hole.status, hole.error)
+    secret = known_outputs["secret inputs alone"][name]
+    assert secret.status is Status.FAIL_CORRECTNESS and "secret draw" in secret.error, secret.error
+    budget = known_outputs["constant budget alone"][name]
+    assert budget.status is Status.FAIL_TRACE and "bytes of constants" in budget.error, budget.error
