@@ -1,8 +1,20 @@
-"""The judge: scores a Pallas TPU kernel against a trusted reference, with or without a TPU."""
+"""The judge: scores a Pallas TPU kernel against a trusted reference, with or without a TPU.
 
-from evaluator.judge import Judge, JudgeConfig, StageBudgets, evaluate
-from evaluator.result import EvalResult, Metrics, Provenance, Status
-from evaluator.sandbox import Limits
+Its names are imported when first used, so that a light module of this package (the screen,
+the timing sources) does not pull in the judge.
+"""
 
-__all__ = ["Judge", "JudgeConfig", "StageBudgets", "evaluate", "EvalResult", "Metrics", "Provenance",
-           "Status", "Limits"]
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {"Judge": "evaluator.judge", "JudgeConfig": "evaluator.judge", "StageBudgets": "evaluator.judge",
+            "EvalResult": "evaluator.result", "Metrics": "evaluator.result", "Provenance": "evaluator.result",
+            "Status": "evaluator.result", "Limits": "evaluator.sandbox"}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'evaluator' has no attribute {name!r}")

@@ -17,11 +17,6 @@ class Chip:
     default_scoped_vmem_bytes: int
     tensorcores: int          # per chip: "parallel" grid axes are shared among them
 
-    @property
-    def ridge_intensity(self) -> float:
-        """FLOPs per HBM byte above which a kernel is compute-bound."""
-        return self.peak_flops / self.hbm_bytes_per_s
-
 
 # Peak FLOP/s and HBM bandwidth: Google Cloud TPU documentation. Clocks: v5e 1.5 GHz
 # (197 TFLOP/s from 4 MXUs of 128x128); v6e 1.75 GHz is an approximation. Cycle-derived

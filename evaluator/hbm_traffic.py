@@ -1,9 +1,10 @@
 """A trusted model of the HBM traffic of a Pallas TPU program: what the static estimate cannot see.
 
 libtpu's static estimate counts a DMA's issue and its wait, not its transfer (libtpu 0.0.42.1,
-v5e, ``scripts/decode_hbm_blindness.py``): the naive FlashDecoding kernel at B=8 H=8 N=8192 with
-2048-entry KV blocks is estimated at 411K cycles (274 us at 1.5 GHz) for 268 MB of cache, which
-819 GB/s of HBM cannot move in less than 328 us. For a memory-bound kernel the estimate alone
+v5e; the README's "The estimate does not see HBM transfers" has the command): the naive
+FlashDecoding kernel at B=8 H=8 N=8192 with 2048-entry KV blocks is estimated at 244,188 cycles
+(163 us at 1.5 GHz) for 268 MB of cache, which 819 GB/s of HBM cannot move in less than 328 us.
+For a memory-bound kernel the estimate alone
 would be faster than the hardware.
 
 So the judge also counts the bytes each kernel moves between HBM and VMEM, and a program's time is

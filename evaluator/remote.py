@@ -26,7 +26,8 @@ import tempfile
 from typing import Any
 
 from evaluator import jail
-from evaluator.judge import GroundTruth, Judge, JudgeConfig
+from evaluator.ground_truth import GroundTruth
+from evaluator.judge import Judge, JudgeConfig
 from evaluator.result import EvalResult, Provenance, Status
 from evaluator.timing import Timing
 from seeds import task_source

@@ -248,10 +248,9 @@ def _check_interface(functions: dict[str, cst.FunctionDef], entry: str,
     return ""
 
 
-def screen_source(source: str, *, entry: str = "flash_attention",
-                  params: tuple[str, ...] = ("q", "k", "v"),
-                  keywords: tuple[str, ...] = ("causal", "sm_scale")) -> ScreenResult:
-    """Screen a candidate's source. Never raises; returns the first problem found."""
+def screen_source(source: str, *, entry: str, params: tuple[str, ...], keywords: tuple[str, ...]) -> ScreenResult:
+    """Screen a candidate's source for a task whose entry point ``entry`` takes ``params`` and the
+    keyword arguments ``keywords``. Never raises; returns the first problem found."""
     try:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as exc:

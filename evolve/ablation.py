@@ -38,7 +38,11 @@ def variants(op, source: str, task, tries: int = 60, limit: int = 12) -> list[tu
     return [(edit, src) for src, edit in seen.items()]
 
 
-_KNOBS = ("block_sizes", "head_coarsening", "vmem_limit", "diagonal_strips")
+def _knobs() -> set[str]:
+    """The operators that are knobs (``Operator.knob``): the grid tunes them together."""
+    return {op.name for op in all_operators() if op.knob}
+
+
 # The grid of the knobs that interact (all with every parameterless operator applied).
 GRID_BLOCKS = ((512, 512), (1024, 1024), (2048, 2048), (1024, 2048), (2048, 1024))
 GRID_LARGEST = 3       # other seeds: the grid tries each block-size tunable's 3 largest legal values
@@ -54,7 +58,7 @@ def _prerequisite(op, seed_source: str, task) -> tuple[Edit, str] | None:
     """A parameterless operator after which ``op`` applies (e.g. causal_skip for
     diagonal_strips), for an operator that does not apply to the seed itself."""
     for other in all_operators():
-        if other.name == op.name or other.name in _KNOBS:
+        if other.name == op.name or other.knob:
             continue
         result = other.apply(seed_source, task, random.Random(0))
         if result.applied and op.check(result.source, task).ok:
@@ -85,7 +89,7 @@ def _grid(executor: Executor, judge: Judge, seed_source: str, task, singles: dic
     # Each other operator at its best passing parameters (an operator none of whose variants
     # passed, e.g. one the estimate cannot time, stays out).
     fixed = [best.edits[-1] for name, group in singles.items()
-             if name not in _KNOBS and (best := _best(group)) is not None]
+             if name not in _knobs() and (best := _best(group)) is not None]
     vmem = max((e.edits[-1] for e in singles.get("vmem_limit", [])), key=lambda x: x.params.get("mib", 0),
                default=None)
     heads = [None] + [e.edits[-1] for e in singles.get("head_coarsening", [])]

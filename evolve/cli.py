@@ -12,9 +12,8 @@ from evolve.cli_common import Command, add_command, shared_parents
 from evolve.errors import UsageError
 
 # Modules that contribute commands through their COMMANDS tuple.
-COMMAND_MODULES = ("evolve.cli_eval", "evolve.cli_mutations", "evolve.cli_run", "evolve.cli_ablate",
-                   "evolve.cli_bench", "evolve.cli_seeds",
-                   "evolve.cli_decode_bench")
+COMMAND_MODULES = ("evolve.cli_eval", "evolve.cli_mutations", "evolve.cli_run", "evolve.cli_lineage",
+                   "evolve.cli_ablate", "evolve.cli_bench", "evolve.cli_seeds", "evolve.cli_decode_bench")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -4,37 +4,34 @@ from __future__ import annotations
 
 import argparse
 
-from evolve.cli_common import Command, add_commands as _add_commands, add_executor_arguments, add_json_alias, print_json
-from evolve.cli_eval import add_task_arguments, load_seed_arg, task_from_args
+from evolve.cli_common import Command, add_json_alias, print_json
+from evolve.cli_eval import load_seed_arg, task_from_args
 from evolve.errors import UsageError
 
 
 class AblateCommand(Command):
     name = "ablate"
     help = "the seed, each operator alone, all together over a grid of knobs, and JAX's kernel"
-    parents = ("format",)
+    parents = ("format", "task", "executor")
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        add_task_arguments(parser)
-        parser.add_argument("--workers", type=int, default=0, help="parallel judges (default: one per core)")
         parser.add_argument("--no-jax", "--no-peers", dest="no_jax", action="store_true",
                             help="leave the seed's outside kernels (JAX's own, for flash attention) out")
-        add_executor_arguments(parser)
         add_json_alias(parser, help="print the rows as a JSON array, one object per row (the same as "
                                     "--format json)")
 
     def take_action(self, args: argparse.Namespace) -> int:
-        from evaluator.judge import Judge, JudgeConfig
+        from evaluator.judge import Judge
         from evolve.ablation import ablation_json, format_ablation, run_ablation
         from evolve.config import JudgeSettings
         from evolve.executor import open_executor
 
         task = task_from_args(args)
         seed = load_seed_arg(args.seed)
-        settings = JudgeSettings(chip=args.chip, workers=args.workers, executor=args.executor or "local",
+        settings = JudgeSettings(chip=args.chip, workers=args.workers or 0, executor=args.executor or "local",
                                  ray_address=args.ray_address or "")
         try:
-            judge = Judge(JudgeConfig(chip=args.chip, workers=args.workers or JudgeConfig().workers))
+            judge = Judge(settings.judge_config())
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         peers = {} if args.no_jax else seed.peer_paths(ablation=True)
@@ -48,7 +45,3 @@ class AblateCommand(Command):
 
 
 COMMANDS = (AblateCommand,)
-
-
-def add_commands(subparsers, parents=None) -> None:
-    _add_commands(subparsers, COMMANDS, parents)

@@ -7,7 +7,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from evolve.cli_common import Command, add_commands as _add_commands, add_executor_arguments
+from evolve.cli_common import Command
 from evolve.errors import UsageError
 
 
@@ -16,7 +16,7 @@ class BenchCommand(Command):
     help = "search strategies side by side on one task and budget"
     description = ("Search strategies side by side on one task, budget and judge; every strategy shares "
                    "the archive of --data-dir (a kernel one strategy judged is read back for the others).")
-    parents = ("data_dir",)
+    parents = ("data_dir", "task", "executor")
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--strategies", default="ga,ratchet,random", help="comma-separated: ga, ratchet, random")
@@ -24,18 +24,12 @@ class BenchCommand(Command):
                             help="distinct kernels per strategy and repeat (default 32)")
         parser.add_argument("--repeats", type=int, default=1, help="runs per strategy, RNG seeds base..base+R-1")
         parser.add_argument("--rng-seed", type=int, default=None, help="the first repeat's RNG seed (default 0)")
-        parser.add_argument("--seed", default=None,
-                            help="a built-in seed (evolve seeds) or a seed directory (default flash_attention)")
-        parser.add_argument("--chip", default=None, help="v5e (default) or v6e")
-        parser.add_argument("--shape", default=None, help="e.g. B=1,H=8,N=2048,D=128")
-        parser.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None)
-        parser.add_argument("--workers", type=int, default=None, help="parallel judges (default: one per core)")
         parser.add_argument("--out", default=None, help="where to write bench.md, bench.png, bench.json "
                                                         "(default DATA_DIR/bench/BENCH_ID)")
-        add_executor_arguments(parser)
 
     def take_action(self, args: argparse.Namespace) -> int:
-        from evolve.cli_run import _archive, _config_from_args
+        from evolve.cli_run import _config_from_args
+        from evolve.cli_store import archive_at
         from evolve.executor import open_executor
         from evolve.strategies import strategy_class
 
@@ -53,7 +47,7 @@ class BenchCommand(Command):
         base = _config_from_args(args)
         base = dataclasses.replace(base, search=dataclasses.replace(base.search, budget=args.budget))
         base.task.task()
-        _archive(args.data_dir, create=True)
+        archive_at(args.data_dir, create=True)
         with open_executor(base.judge) as executor:     # one for every trial
             return self._bench(args, base, strategies, executor)
 
@@ -98,7 +92,3 @@ class BenchCommand(Command):
 
 
 COMMANDS = (BenchCommand,)
-
-
-def add_commands(subparsers, parents=None) -> None:
-    _add_commands(subparsers, COMMANDS, parents)

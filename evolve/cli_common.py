@@ -15,7 +15,6 @@ import json
 import math
 import os
 import sys
-from collections.abc import Iterable
 from typing import Any, ClassVar
 
 FORMATS = ("table", "json")
@@ -65,7 +64,46 @@ def format_parser() -> argparse.ArgumentParser:
     return parser
 
 
-PARENT_PARSERS = {"data_dir": data_dir_parser, "format": format_parser}
+def task_parser() -> argparse.ArgumentParser:
+    """The task flags, declared once for every command that takes a task. None is "not given": the
+    command's default (flash_attention on v5e), or for run and bench the run's configuration."""
+    from evaluator.chips import CHIPS
+
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--seed", default=None,
+                        help="a seed's name (evolve seeds) or a seed directory (default flash_attention)")
+    parser.add_argument("--chip", default=None, help=f"target chip: {', '.join(CHIPS)} (default v5e)")
+    parser.add_argument("--shape", default=None, help="problem shape in the seed's grammar, e.g. "
+                                                      "B=1,H=8,N=2048,D=128 (default: the seed's)")
+    parser.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None,
+                        help="attention seeds: causal (default) or full attention (--no-causal)")
+    parser.add_argument("--dtype", default=None, help="bfloat16 (the seeds' default), float16 or float32")
+    parser.add_argument("--chips", type=int, default=None,
+                        help="the task's mesh: 1 (default) or, for seeds that offer one (flash_decoding), 4 "
+                             "(a v5e 2x2; a kernel that sets CHIPS = 4 is the per-chip program)")
+    return parser
+
+
+def timing_parser() -> argparse.ArgumentParser:
+    """``--timing``: every registered timing source, or auto."""
+    from evaluator.judge import timing_choices
+
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--timing", default=None, choices=timing_choices(),
+                        help="auto (the default: measured on a TPU host, else compiler_estimate) or a timing source")
+    return parser
+
+
+def executor_parser() -> argparse.ArgumentParser:
+    """Where and how many at once: ``--workers``, ``--executor`` and each executor's own options."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--workers", type=int, default=None, help="parallel judges (default: one per core)")
+    add_executor_arguments(parser)
+    return parser
+
+
+PARENT_PARSERS = {"data_dir": data_dir_parser, "format": format_parser, "task": task_parser,
+                  "timing": timing_parser, "executor": executor_parser}
 
 
 def shared_parents() -> dict[str, argparse.ArgumentParser]:
@@ -74,13 +112,14 @@ def shared_parents() -> dict[str, argparse.ArgumentParser]:
 
 
 def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--executor`` and ``--ray-address``: where candidates are judged (evolve/executor.py)."""
-    parser.add_argument("--executor", choices=("local", "ray"), default=None,
-                        help="judge on this machine (local, the default) or on a Ray cluster (ray; needs the "
-                             "extra: pip install 'pallas-evolve[ray]')")
-    parser.add_argument("--ray-address", default=None, metavar="HOST:PORT",
-                        help="with --executor ray: join this cluster (default $RAY_ADDRESS; neither: a Ray "
-                             "is started for the run and stopped after it)")
+    """``--executor`` (every registered executor, evolve/executor.py) and each executor's own options."""
+    from evolve.executor import EXECUTORS
+
+    parser.add_argument("--executor", choices=EXECUTORS.names(), default=None,
+                        help="where candidates are judged: local (this machine, the default), ray (a Ray "
+                             "cluster; needs the extra: pip install 'pallas-evolve[ray]'), or any installed one")
+    for name in EXECUTORS.names():
+        EXECUTORS.load(name).add_arguments(parser)
 
 
 def add_json_alias(parser: argparse.ArgumentParser, help: str = "the same as --format json") -> None:
@@ -101,13 +140,6 @@ def add_command(subparsers, command: type[Command],
     instance.add_arguments(parser)
     parser.set_defaults(func=instance.take_action)
     return parser
-
-
-def add_commands(subparsers, commands: Iterable[type[Command]],
-                 parents: dict[str, argparse.ArgumentParser] | None = None) -> None:
-    parents = parents if parents is not None else shared_parents()
-    for command in commands:
-        add_command(subparsers, command, parents)
 
 
 def jsonable(value: Any) -> Any:

@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from evolve.cli_common import Command, add_commands as _add_commands, add_json_alias, print_json
+from evolve.cli_common import Command, add_json_alias, print_json
 from evolve.errors import UsageError
 
 
@@ -55,7 +55,8 @@ class DecodeBenchCommand(Command):
         add_json_alias(parser, help="print the rows as a JSON array (the same as --format json)")
 
     def take_action(self, args: argparse.Namespace) -> int:
-        from evaluator.judge import Judge, JudgeConfig
+        from evaluator.judge import Judge
+        from evolve.config import JudgeSettings
         from evolve.cli_eval import check_tiling, load_seed_arg
         from evolve.decode_bench import (PRICES, best_chain, format_table, plot, rows_json, run_decode_bench,
                                          sized_task)
@@ -85,7 +86,7 @@ class DecodeBenchCommand(Command):
             args.out.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise UsageError(f"cannot write to {args.out} ({exc.strerror or exc}); give another --out") from None
-        judge = Judge(JudgeConfig(chip=args.chip, workers=1))
+        judge = Judge(JudgeSettings(chip=args.chip, workers=1).judge_config())
         rows = run_decode_bench(judge, seed, base, batches=batches, cache_lens=cache_lens, chain=chain, price=price,
                                 progress=lambda key: print(f"decode-bench: {key}", file=sys.stderr),
                                 chips=chips)
@@ -106,7 +107,3 @@ class DecodeBenchCommand(Command):
 
 
 COMMANDS = (DecodeBenchCommand,)
-
-
-def add_commands(subparsers, parents=None) -> None:
-    _add_commands(subparsers, COMMANDS, parents)

@@ -7,26 +7,8 @@ from pathlib import Path
 
 from evaluator.chips import CHIPS
 from evaluator.result import EvalResult
-from evolve.cli_common import Command, add_commands as _add_commands, add_json_alias, print_json
+from evolve.cli_common import Command, add_json_alias, print_json
 from evolve.errors import UsageError
-
-
-def add_task_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seed", default="flash_attention",
-                        help="a built-in seed's name (evolve seeds) or a seed directory (default flash_attention)")
-    parser.add_argument("--chip", default="v5e", help=f"target chip: {', '.join(CHIPS)} (default v5e)")
-    parser.add_argument("--shape", default=None, help="problem shape in the seed's grammar, e.g. "
-                                                      "B=1,H=8,N=2048,D=128 (default: the seed's)")
-    parser.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None,
-                        help="attention seeds: causal (default) or full attention (--no-causal)")
-    parser.add_argument("--dtype", default=None, help="bfloat16 (the seeds' default), float16 or float32")
-    add_chips_argument(parser)
-
-
-def add_chips_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--chips", type=int, default=None,
-                        help="the task's mesh: 1 (default) or, for seeds that offer one (flash_decoding), 4 "
-                             "(a v5e 2x2; a kernel that sets CHIPS = 4 is the per-chip program)")
 
 
 def load_seed_arg(name_or_path: str):
@@ -38,9 +20,13 @@ def load_seed_arg(name_or_path: str):
         raise UsageError(str(exc)) from None
 
 
-def task_from_args(args: argparse.Namespace):
+def task_from_args(args: argparse.Namespace, default_seed: str = "flash_attention"):
+    """The task the shared task flags (cli_common.task_parser) name; what is not given, the defaults
+    (``default_seed`` on v5e). Sets ``args.seed`` and ``args.chip`` to what was used."""
     from evolve.config import TaskConfig
 
+    args.seed = args.seed or default_seed
+    args.chip = args.chip or "v5e"
     if args.chip not in CHIPS:
         raise UsageError(f"unknown chip {args.chip!r}; use --chip with one of: {', '.join(CHIPS)}")
     return TaskConfig(seed=args.seed, shape=args.shape, causal=args.causal, dtype=args.dtype,
@@ -98,19 +84,16 @@ def format_table(result: EvalResult, path: str, task) -> str:
 class EvalCommand(Command):
     name = "eval"
     help = "judge one kernel file against the seed's task"
-    parents = ("format",)
+    parents = ("format", "task", "timing")
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("path", help="a kernel file defining the seed's entry point (flash_attention(q, k, v, "
                                          "*, causal, sm_scale) for the default seed)")
-        add_task_arguments(parser)
-        parser.add_argument("--timing", default="auto",
-                            help="auto (measured on a TPU host, else compiler_estimate), compiler_estimate, "
-                                 "measured")
         add_json_alias(parser, help="print one JSON object instead of a table (the same as --format json)")
 
     def take_action(self, args: argparse.Namespace) -> int:
-        from evaluator.judge import Judge, JudgeConfig
+        from evaluator.judge import Judge
+        from evolve.config import JudgeSettings
 
         task = task_from_args(args)
         wanted = f"defines the seed's entry point {task.entry}({', '.join(task.input_names)}, ...)"
@@ -129,7 +112,7 @@ class EvalCommand(Command):
                              f"{wanted}") from None
         check_tiling(source, task)
         try:
-            judge = Judge(JudgeConfig(chip=args.chip, timing=args.timing))
+            judge = Judge(JudgeSettings(chip=args.chip, timing=args.timing or "auto").judge_config())
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         result = judge.evaluate(source, task)
@@ -141,7 +124,3 @@ class EvalCommand(Command):
 
 
 COMMANDS = (EvalCommand,)
-
-
-def add_commands(subparsers, parents=None) -> None:
-    _add_commands(subparsers, COMMANDS, parents)

@@ -1,7 +1,7 @@
 """The ``evolve ops`` and ``evolve mutate`` commands (mutation operators on kernel sources).
 
-The main CLI takes them from ``COMMANDS``; :func:`add_commands` adds them to any argparse
-subparsers object (each sets ``func(args) -> int``, the exit status).
+The main CLI takes them from ``COMMANDS`` (``cli_common.add_command`` adds one to any argparse
+subparsers object; each sets ``func(args) -> int``, the exit status).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import random
 import sys
 from pathlib import Path
 
-from evolve.cli_common import Command, add_commands as _add_commands
+from evolve.cli_common import Command
 
 
 def _error(message: str) -> int:
@@ -40,10 +40,9 @@ class MutateCommand(Command):
     help = "apply mutation operators to a kernel source and print the diff"
     description = ("Apply mutation operators in order to a kernel source; print the unified diff "
                    "(or write the result with --out). Exit 2 when an operator does not apply.")
+    parents = ("task",)   # the task the preconditions check against
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        from evolve.cli_eval import add_task_arguments
-
         parser.add_argument("path", metavar="PATH",
                             help="kernel source file (e.g. seeds/flash_attention/kernel.py)")
         parser.add_argument("--op", dest="ops", action="append", required=True, metavar="NAME",
@@ -51,7 +50,6 @@ class MutateCommand(Command):
         parser.add_argument("--rng-seed", type=int, default=0, metavar="N",
                             help="seed of the random.Random the operators draw parameters from (default 0)")
         parser.add_argument("--out", metavar="FILE", help="write the rewritten source here instead of a diff")
-        add_task_arguments(parser)   # the task the preconditions check against
 
     def take_action(self, args: argparse.Namespace) -> int:
         # Errors are returned, not raised: this command also runs outside evolve.cli.main.
@@ -97,8 +95,3 @@ class MutateCommand(Command):
 
 
 COMMANDS = (OpsCommand, MutateCommand)
-
-
-def add_commands(subparsers, parents=None) -> None:
-    """Add ``ops`` and ``mutate`` to an ``argparse`` subparsers object."""
-    _add_commands(subparsers, COMMANDS, parents)

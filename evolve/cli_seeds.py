@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from evolve.cli_common import Command, add_commands as _add_commands
+from evolve.cli_common import Command
 
 
 class SeedsCommand(Command):
     name = "seeds"
-    help = "list the built-in seeds and their default tasks"
+    help = "list the seeds known by name (built in, or from installed packages) and their default tasks"
 
     def take_action(self, args: argparse.Namespace) -> int:
         from seeds import builtin_seeds, load_seed
@@ -27,7 +27,3 @@ class SeedsCommand(Command):
 
 
 COMMANDS = (SeedsCommand,)
-
-
-def add_commands(subparsers, parents=None) -> None:
-    _add_commands(subparsers, COMMANDS, parents)

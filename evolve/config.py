@@ -107,14 +107,24 @@ class JudgeSettings:
     # The Ray cluster to join (HOST:PORT or "auto"); "": $RAY_ADDRESS, else a Ray started for the run.
     ray_address: str = ""
 
+    def judge_config(self, data_dir: str | Path | None = None):
+        """The judge's configuration for these settings: the one place settings become a
+        ``JudgeConfig``. A data directory keeps its reference figures in ``<data_dir>/cache``."""
+        import os
+
+        from evaluator.judge import JudgeConfig
+
+        return JudgeConfig(chip=self.chip, timing=self.timing, workers=self.workers or max(1, os.cpu_count() or 1),
+                           cache_dir=str(Path(data_dir) / "cache") if data_dir is not None else None)
+
     def __post_init__(self) -> None:
         from evaluator.chips import CHIPS
-        from evaluator.judge import TIMING_CHOICES
+        from evaluator.judge import timing_choices
         from evolve.executor import EXECUTORS
 
         if self.executor not in EXECUTORS:
             raise UsageError(f"unknown executor {self.executor!r}; use --executor with one of: "
-                             f"{', '.join(EXECUTORS)}")
+                             f"{', '.join(EXECUTORS.names())}")
         if self.ray_address and self.executor != "ray":
             raise UsageError(f"a Ray address ({self.ray_address}) is for the ray executor; add --executor ray")
 
@@ -122,8 +132,8 @@ class JudgeSettings:
             raise UsageError(f"unknown chip {self.chip!r}; use --chip with one of: {', '.join(CHIPS)}")
         if self.workers < 0:
             raise UsageError(f"workers must be 0 (one per core) or more, got {self.workers}")
-        if self.timing not in TIMING_CHOICES:
-            raise UsageError(f"unknown timing source {self.timing!r}; use one of: {', '.join(TIMING_CHOICES)}")
+        if self.timing not in timing_choices():
+            raise UsageError(f"unknown timing source {self.timing!r}; use one of: {', '.join(timing_choices())}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from evaluator.judge import ESTIMATE_BLIND_SPOTS, Judge
+from evaluator.judge import Judge
 from evaluator.roofline import roofline
 from evaluator.versions import versions
 from evolve.errors import UsageError
@@ -103,8 +103,8 @@ def _row(label: str, task, judge: Judge, timing, findings, reference, price: Pri
     common = {"label": label, "chips": 1, "batch": task.batch, "cache_len": task.kv_len,
               "timing_source": prov.timing_source, "chip": prov.chip, "libtpu_version": prov.libtpu_version,
               "task_key": task.key}
-    blind = [f["construct"] for f in findings if f.get("construct") in ESTIMATE_BLIND_SPOTS]
-    if timing.latency_s is None or (blind and judge.timing.name == "compiler_estimate"):
+    blind = [f["construct"] for f in findings if f.get("construct") in judge.timing.blind_spots]
+    if timing.latency_s is None or blind:
         why = ("refused: the estimate cannot time " + ", ".join(blind)) if blind else (timing.error or "no figure")
         why = _hbm_verdict(why, "one chip's")
         return DecodeRow(status=why.splitlines()[0][:200], latency_s=None, tokens_per_s=None, hbm_util=None,

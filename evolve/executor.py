@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import abc
 import concurrent.futures
-import importlib
 import os
 from collections.abc import Callable
 from typing import Any
 
+from seeds.registry import Registry
 from evolve.errors import UsageError
 
 # How a submitted call judges one source: (source, cut) -> EvalResult; never raises.
@@ -32,6 +32,16 @@ class Executor(abc.ABC):
         if workers < 1:
             raise UsageError(f"an executor needs at least one worker, got {workers}")
         self.workers = workers
+
+    @classmethod
+    def add_arguments(cls, parser) -> None:
+        """Command-line options of this executor (``--executor NAME`` then uses them); none here."""
+        return None
+
+    @classmethod
+    def options_from(cls, settings) -> dict[str, Any]:
+        """This executor's constructor options, from a run's judge settings."""
+        return {}
 
     def describe(self) -> str:
         """Where and how many at once, for the run's first line."""
@@ -79,19 +89,19 @@ class LocalExecutor(Executor):
         self._pool.shutdown(wait=True, cancel_futures=cancel)
 
 
-# name -> "module:Class"; imported only when asked for.
-EXECUTORS = {"local": "evolve.executor:LocalExecutor", "ray": "evolve.ray_executor:RayExecutor"}
+# A family (seeds/registry.py): built-ins here, others by the entry-point group pallas_evolve.executors.
+EXECUTORS = Registry("executors", {"local": "evolve.executor:LocalExecutor",
+                                   "ray": "evolve.ray_executor:RayExecutor"}, member="executor")
 
 
 def make_executor(name: str, workers: int = 0, **options: Any) -> Executor:
     """Executor ``name`` with ``workers`` calls at once (0: as many as it has cores or chips)."""
     if name not in EXECUTORS:
-        raise UsageError(f"unknown executor {name!r}; use one of: {', '.join(sorted(EXECUTORS))}")
-    module, cls = EXECUTORS[name].split(":")
-    return getattr(importlib.import_module(module), cls)(workers, **options)
+        raise UsageError(f"unknown executor {name!r}; use one of: {', '.join(EXECUTORS.names())}")
+    return EXECUTORS.load(name)(workers, **options)
 
 
 def open_executor(settings) -> Executor:
-    """The executor a run's judge settings (evolve.config.JudgeSettings) name."""
-    options = {"address": settings.ray_address} if settings.executor == "ray" else {}
-    return make_executor(settings.executor, settings.workers, **options)
+    """The executor a run's judge settings (evolve.config.JudgeSettings) name, with its options."""
+    cls = EXECUTORS.load(settings.executor)
+    return cls(settings.workers, **cls.options_from(settings))

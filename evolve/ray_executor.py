@@ -72,6 +72,16 @@ def _one_line(exc: BaseException, limit: int = 300) -> str:
 class RayExecutor(Executor):
     name = "ray"
 
+    @classmethod
+    def add_arguments(cls, parser) -> None:
+        parser.add_argument("--ray-address", default=None, metavar="HOST:PORT",
+                            help="with --executor ray: join this cluster (default $RAY_ADDRESS; neither: a Ray "
+                                 "is started for the run and stopped after it)")
+
+    @classmethod
+    def options_from(cls, settings) -> dict:
+        return {"address": settings.ray_address}
+
     def __init__(self, workers: int = 0, address: str = "") -> None:
         if workers < 0:
             raise UsageError(f"workers must be 0 (one per core or chip) or more, got {workers}")

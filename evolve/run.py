@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from archive import Archive, edit_label, make_row
-from evaluator.judge import Judge, JudgeConfig
+from evaluator.judge import Judge
 from evaluator.result import EvalResult, Status
 from evaluator.versions import versions
 from evolve.config import RunConfig
@@ -85,8 +85,7 @@ class EvolutionRun:
         self.seed = config.task.load_seed()
         self.task = config.task.task()
         self.seed_source = self.seed.kernel_source
-        self.judge = Judge(JudgeConfig(chip=config.judge.chip, timing=config.judge.timing, workers=workers,
-                                       cache_dir=str(self.data_dir / "cache")))
+        self.judge = Judge(self.config.judge.judge_config(self.data_dir))
         ensure_store(self.data_dir)           # the schema, once, before any worker starts
         self.tracker = Tracker(self.data_dir)
         self.prov = self.judge.provenance(self.task)

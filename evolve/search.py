@@ -37,7 +37,15 @@ from evolve.surrogate import Surrogate
 from evolve.variation import block_shapes, crossover, mutate
 from mutations import all_operators
 
-SURROGATE_TUNABLES = ["BLOCK_Q", "BLOCK_KV", "HEADS_PER_PROGRAM", "DIAGONAL_STRIP", "VMEM_LIMIT_BYTES"]
+
+
+def surrogate_tunables(operators: list, seed_source: str, task: Any) -> list[str]:
+    """The tunables the surrogate reads: what each of the run's operators says it moves (block
+    sizes: the seed's constants the task has legal values for), in the operators' order."""
+    out: list[str] = []
+    for op in operators:
+        out += [t for t in op.moves(seed_source, task) if t not in out]
+    return out
 
 
 def item_rng(rng_seed: int, index: int) -> str:
@@ -117,7 +125,8 @@ class Search:
         self.champion: Individual | None = None
         self.seen: set[str] = set()
         self.taken: list[Individual] = []             # items taken in, in index order
-        self.surrogate = Surrogate([op.name for op in self.operators], SURROGATE_TUNABLES)
+        self.surrogate = Surrogate([op.name for op in self.operators],
+                                   surrogate_tunables(self.operators, seed_source, task))
         self.credit: dict[str, list[int]] = {}        # operator -> [tries, wins over the parent]
         self.speedups: dict[str, float] = {}          # individual id -> speedup (PASS only)
         self.learned: set[str] = set()

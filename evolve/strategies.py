@@ -12,9 +12,9 @@ order and meets the same budget of distinct kernels.
 
 from __future__ import annotations
 
-import importlib
 import random
 
+from seeds.registry import Registry
 from evolve.errors import UsageError
 from evolve.individual import Individual
 from evolve.search import Search, item_rng
@@ -50,13 +50,12 @@ class RandomSearch(_FromSeed):
         return self._new_child(self.taken[0], index, generation, max_chain=self.config.search.max_chain + 2)
 
 
-# name -> "module:Class", imported when asked for.
-STRATEGIES = {"ga": "evolve.search:Search", "ratchet": "evolve.strategies:Ratchet",
-              "random": "evolve.strategies:RandomSearch"}
+# A family (seeds/registry.py): built-ins here, others by the entry-point group pallas_evolve.strategies.
+STRATEGIES = Registry("strategies", {"ga": "evolve.search:Search", "ratchet": "evolve.strategies:Ratchet",
+                                     "random": "evolve.strategies:RandomSearch"}, member="strategy")
 
 
 def strategy_class(name: str) -> type[Search]:
     if name not in STRATEGIES:
-        raise UsageError(f"unknown strategy {name!r}; use one or more of: {', '.join(STRATEGIES)}")
-    module, cls = STRATEGIES[name].split(":")
-    return getattr(importlib.import_module(module), cls)
+        raise UsageError(f"unknown strategy {name!r}; use one or more of: {', '.join(STRATEGIES.names())}")
+    return STRATEGIES.load(name)

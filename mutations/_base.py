@@ -100,6 +100,11 @@ class Operator(abc.ABC):
     # False for rewrites that change the arithmetic's precision (the judge decides per task).
     exact: ClassVar[bool] = True
     description: ClassVar[str]
+    # The module-level constants the operator sets (the surrogate reads them as features).
+    tunables: ClassVar[tuple[str, ...]] = ()
+    # A knob: a parameter to tune, not a rewrite to have or not (the ablation grids knobs, and takes
+    # every other operator at its best alone).
+    knob: ClassVar[bool] = False
 
     # ---- to implement ---------------------------------------------------------------------
     @abc.abstractmethod
@@ -113,6 +118,10 @@ class Operator(abc.ABC):
     @abc.abstractmethod
     def _rewrite(self, module: cst.Module, task: Any, params: dict[str, Any]) -> cst.Module:
         """The rewrite itself; validates ``params`` (raise NotApplicable when illegal)."""
+
+    def moves(self, source: str, task: Any) -> tuple[str, ...]:
+        """The tunables this operator may set on ``source`` for ``task`` (default: ``tunables``)."""
+        return self.tunables
 
     def pays_on(self, chip: Any) -> bool:
         """Whether the rewrite can make a kernel faster on ``chip`` (an evaluator.chips.Chip); the

@@ -7,7 +7,7 @@ from typing import Any
 
 import libcst as cst
 
-from ._base import APPLICABLE, Applicability, NotApplicable, Operator
+from ._base import APPLICABLE, Applicability, NotApplicable, Operator, parse
 from ._tunables import module_ints, set_tunable
 
 def legal_values(name: str, task: Any) -> list[int]:
@@ -23,8 +23,18 @@ def _tunables(module: cst.Module, task: Any) -> list[str]:
 
 class BlockSizes(Operator):
     name = "block_sizes"
+    knob = True
     description = ("Move one block-size tunable (a module-level constant such as BLOCK_Q, BLOCK_KV or "
                    "HEADS_PER_PROGRAM) to another value its task declares legal.")
+
+    def moves(self, source: str, task: Any) -> tuple[str, ...]:
+        """The source's module-level constants that the task declares legal values for."""
+        try:
+            module = parse(source)
+            present = set(_tunables(module, task))
+            return tuple(name for name in module_ints(module) if name in present)   # in the source's order
+        except Exception:  # noqa: BLE001 - an unparsable source has none
+            return ()
 
     def _choices(self, module: cst.Module, task: Any) -> dict[str, list[int]]:
         ints = module_ints(module)

@@ -63,6 +63,8 @@ def _rows_assign(step: cst.FunctionDef) -> list[cst.CSTNode]:
 
 class DiagonalStrips(Operator):
     name = "diagonal_strips"
+    tunables = ("DIAGONAL_STRIP",)
+    knob = True
     description = ("Causal, after causal_skip: compute a diagonal block as row strips of "
                    "DIAGONAL_STRIP rows, each seeing only the kv columns up to the diagonal "
                    "(the masked triangle above it is never computed).")

@@ -83,6 +83,7 @@ def _when_condition(fn: cst.FunctionDef, name: str) -> cst.Decorator:
 
 class SplitKV(Operator):
     name = "split_kv"
+    tunables = ("KV_SPLITS",)
     description = ("Split each sequence's KV cache into KV_SPLITS parts walked by separate programs (a "
                    "parallel grid axis), then merge their partial softmax states with a log-sum-exp combine.")
 

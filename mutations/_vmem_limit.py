@@ -18,6 +18,8 @@ LIMITS_MIB = (16, 24, 32, 48, 64, 96)
 
 class VmemLimit(Operator):
     name = "vmem_limit"
+    tunables = ("VMEM_LIMIT_BYTES",)
+    knob = True
     description = ("Set the kernel's scoped VMEM limit (VMEM_LIMIT_BYTES passed as "
                    "pltpu.CompilerParams(vmem_limit_bytes=...)) to another value in 16..96 MiB.")
 

@@ -1,51 +1,68 @@
-"""The registry of mutation operators, by name."""
+"""The registry of mutation operators, by name (one family of ``seeds/registry.py``).
+
+A new operator is one module (an ``Operator`` subclass) plus one line: here for a built-in, or an
+entry point ``pallas_evolve.operators`` (``name = "package.module:Class"``) in the package that
+defines it. The operator-by-seed contract suite (``tests/mutations/test_operator_contract.py``)
+runs every registered operator.
+"""
 
 from __future__ import annotations
 
-from ._approx_reciprocal import ApproxReciprocal
+import threading
+
+from seeds.registry import Registry
+
 from ._base import Operator
-from ._block_sizes import BlockSizes
-from ._causal_skip import CausalSkip
-from ._chip_split import ChipSplit
-from ._compact_scratch import CompactScratch
-from ._deferred_norm import DeferredNormalisation
-from ._dimension_semantics import DimensionSemantics
-from ._diagonal_strips import DiagonalStrips
-from ._exp2_softmax import Exp2Softmax
-from ._grouped_heads import GroupedHeads
-from ._head_coarsening import HeadCoarsening
-from ._length_skip import LengthSkip
-from ._split_kv import SplitKV
-from ._vmem_limit import VmemLimit
 
-_OPERATORS: dict[str, Operator] = {
-    op.name: op
-    for op in (BlockSizes(), CompactScratch(), DeferredNormalisation(), CausalSkip(),
-               HeadCoarsening(), VmemLimit(), Exp2Softmax(), DiagonalStrips(), ApproxReciprocal(),
-               LengthSkip(), GroupedHeads(), SplitKV(), DimensionSemantics(), ChipSplit())
-}
-
-
-def all_operators() -> list[Operator]:
-    """Every registered operator, in a stable order."""
-    return list(_OPERATORS.values())
-
-
-def operator_names() -> list[str]:
-    return list(_OPERATORS)
+OPERATORS = Registry("operators", {
+    "block_sizes": "mutations._block_sizes:BlockSizes",
+    "compact_scratch": "mutations._compact_scratch:CompactScratch",
+    "deferred_norm": "mutations._deferred_norm:DeferredNormalisation",
+    "causal_skip": "mutations._causal_skip:CausalSkip",
+    "head_coarsening": "mutations._head_coarsening:HeadCoarsening",
+    "vmem_limit": "mutations._vmem_limit:VmemLimit",
+    "exp2_softmax": "mutations._exp2_softmax:Exp2Softmax",
+    "diagonal_strips": "mutations._diagonal_strips:DiagonalStrips",
+    "approx_reciprocal": "mutations._approx_reciprocal:ApproxReciprocal",
+    "length_skip": "mutations._length_skip:LengthSkip",
+    "grouped_heads": "mutations._grouped_heads:GroupedHeads",
+    "split_kv": "mutations._split_kv:SplitKV",
+    "dimension_semantics": "mutations._dimension_semantics:DimensionSemantics",
+    "chip_split": "mutations._chip_split:ChipSplit",
+}, member="operator")
+_INSTANCES: dict[str, Operator] = {}
+_LOCK = threading.Lock()
 
 
 def get_operator(name: str) -> Operator:
     """The operator called ``name``; KeyError listing the known names otherwise."""
-    try:
-        return _OPERATORS[name]
-    except KeyError:
-        raise KeyError(f"unknown operator {name!r}; known operators: {', '.join(_OPERATORS)}") from None
+    member = OPERATORS.load(name)
+    with _LOCK:
+        if name not in _INSTANCES:
+            op = member() if isinstance(member, type) else member
+            if not isinstance(op, Operator) or op.name != name:
+                raise TypeError(f"the operator registered as {name!r} is not an Operator named {name!r}")
+            _INSTANCES[name] = op
+        return _INSTANCES[name]
+
+
+def all_operators() -> list[Operator]:
+    """Every registered operator, in a stable order (built-ins first)."""
+    return [get_operator(name) for name in OPERATORS.names()]
+
+
+def operator_names() -> list[str]:
+    return OPERATORS.names()
 
 
 def register(op: Operator) -> Operator:
-    """Add an operator (e.g. an experimental one) to the registry; returns it."""
-    if op.name in _OPERATORS:
-        raise ValueError(f"an operator named {op.name!r} is already registered")
-    _OPERATORS[op.name] = op
+    """Add an operator (an instance) at run time, e.g. an experimental one; returns it."""
+    OPERATORS.register(op.name, op)
     return op
+
+
+def unregister(name: str) -> None:
+    """Remove an operator added with :func:`register`."""
+    OPERATORS.unregister(name)
+    with _LOCK:
+        _INSTANCES.pop(name, None)

@@ -17,28 +17,24 @@ audit finds a construct the estimate cannot count is printed as refused, as the 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from evaluator.judge import ESTIMATE_BLIND_SPOTS, Judge, JudgeConfig  # noqa: E402
-from evaluator.roofline import roofline  # noqa: E402
-from evaluator.versions import versions  # noqa: E402
-from mutations import Edit, replay  # noqa: E402
-from seeds import load_seed  # noqa: E402
+from evaluator.judge import Judge, JudgeConfig
+from evaluator.roofline import roofline
+from evaluator.versions import versions
+from evolve.decode_bench import best_chain
+from mutations import replay
+from seeds import load_seed
 
 
 def _ablation_best(path: Path, seed, task) -> tuple[str, str]:
-    rows = [r for r in json.loads(path.read_text()) if r["status"] == "PASS" and not r.get("peer")
-            and r["edits"]]
-    best = max(rows, key=lambda r: r["speedup_vs_reference"] or 0.0)
-    result = replay(seed.kernel_source, [Edit.from_dict(e) for e in best["edits"]], task)
+    label, edits = best_chain(path)      # what decode-bench replays too
+    result = replay(seed.kernel_source, edits, task)
     if not result.applied:
         raise SystemExit(f"estimate_only: the ablation's best does not replay at {task.key}: {result.reason}")
-    return f"ablation best: {' + '.join(e['op'] for e in best['edits'])}", result.source
+    return label, result.source
 
 
 def main() -> int:
@@ -65,7 +61,7 @@ def main() -> int:
     print("| kernel | cycles | compute estimate | HBM floor | latency (us) | HBM util | vs XLA reference |")
     print("|---|---|---|---|---|---|---|")
     for label, timing, findings in rows:
-        blind = [f["construct"] for f in findings if f.get("construct") in ESTIMATE_BLIND_SPOTS]
+        blind = [f["construct"] for f in findings if f.get("construct") in judge.timing.blind_spots]
         if timing.latency_s is None or blind:
             why = f"refused: {', '.join(blind)}" if blind else timing.error.split(";")[0][:80]
             print(f"| {label} | {why} | | | | | |")

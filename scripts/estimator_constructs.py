@@ -14,12 +14,12 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from evaluator.judge import Judge, JudgeConfig  # noqa: E402
-from evaluator.versions import versions  # noqa: E402
-from seeds.flash_attention.task import AttentionTask, parse_shape  # noqa: E402
+from evaluator.judge import Judge, JudgeConfig
+from evaluator.versions import versions
+from seeds.flash_attention.task import AttentionTask, parse_shape
+
+ROOT = Path(__file__).resolve().parent.parent
 
 CANDIDATES = ROOT / "tests" / "evaluator" / "adversarial" / "candidates"
 LOOP = CANDIDATES / "c5_prefetch_loop_bound.py"

@@ -12,19 +12,16 @@ judged in full (correctness included), exactly as ``evolve run`` judges its peer
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import itertools
 import os
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from evaluator.judge import Judge, JudgeConfig  # noqa: E402
-from evaluator.versions import versions  # noqa: E402
-from seeds.flash_attention.task import AttentionTask, parse_shape  # noqa: E402
+from evaluator.judge import Judge, JudgeConfig
+from evolve.executor import LocalExecutor
+from evaluator.versions import versions
+from seeds.flash_attention.task import AttentionTask, parse_shape
 
 TEMPLATE = '''
 from jax.experimental.pallas.ops.tpu.flash_attention import BlockSizes
@@ -55,9 +52,9 @@ def main() -> int:
     print(f"# {task.key} on {args.chip}, {judge.timing.name}, libtpu {v['libtpu_version']}, "
           f"jax {v['jax_version']}: {len(configs)} block configurations of JAX's flash_attention")
     t0 = time.monotonic()
-    with concurrent.futures.ThreadPoolExecutor(judge.config.workers) as pool:
-        results = list(pool.map(lambda c: judge.estimate(TEMPLATE.format(bq=c[0], bkm=c[1], bk=c[2]), task),
-                                configs))
+    with LocalExecutor(judge.config.workers) as executor:     # the project's one pool
+        futures = [executor.submit(judge.estimate, TEMPLATE.format(bq=c[0], bkm=c[1], bk=c[2]), task) for c in configs]
+        results = [f.result() for f in futures]
     rows = sorted(((r[0], c, r[2]) for c, r in zip(configs, results)),
                   key=lambda x: (x[0] is None, x[0] or 0))
     print("| block_q | block_k_major | block_k | estimated cycles |")

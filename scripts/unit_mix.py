@@ -25,8 +25,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 _TABLE = "*final_hlo-static-per-bundle-utilization.txt"
 

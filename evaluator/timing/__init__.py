@@ -1,23 +1,25 @@
-"""Timing sources: how the judge turns a compiled kernel into a latency."""
+"""Timing sources: how the judge turns a compiled kernel into a latency.
+
+A family (``seeds/registry.py``): a new source is one ``TimingSource`` class and one registry
+line (here, or an entry point ``pallas_evolve.timing`` of an installed package).
+"""
 
 from __future__ import annotations
 
+from seeds.registry import Registry
 from evaluator.timing._base import Timing, TimingSource
-from evaluator.timing.compiler_estimate import CompilerEstimate
-from evaluator.timing.measured import Measured
 
-__all__ = ["Timing", "TimingSource", "CompilerEstimate", "Measured", "get_timing_source",
-           "TIMING_SOURCES"]
+__all__ = ["Timing", "TimingSource", "get_timing_source", "TIMING_SOURCES"]
 
-TIMING_SOURCES: dict[str, type[TimingSource]] = {
-    CompilerEstimate.name: CompilerEstimate,
-    Measured.name: Measured,
-}
+TIMING_SOURCES = Registry("timing", {
+    "compiler_estimate": "evaluator.timing.compiler_estimate:CompilerEstimate",
+    "measured": "evaluator.timing.measured:Measured",
+}, member="timing source")
 
 
 def get_timing_source(name: str) -> TimingSource:
+    """An instance of the timing source called ``name``; ValueError naming the known ones."""
     try:
-        return TIMING_SOURCES[name]()
-    except KeyError:
-        raise ValueError(f"unknown timing source {name!r}; choose one of: "
-                         f"{', '.join(TIMING_SOURCES)}") from None
+        return TIMING_SOURCES.load(name)()
+    except KeyError as exc:
+        raise ValueError(exc.args[0]) from None

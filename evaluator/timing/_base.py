@@ -35,6 +35,15 @@ class TimingSource(abc.ABC):
     # What a figure from this source is called in provenance and the archive: it changes when the
     # way figures are made changes, so that old and new figures are never compared.
     label: str = ""
+    # The questions the judge asks of a source, answered by the source:
+    cacheable: bool = False           # deterministic: the reference's figure may be kept on disk
+    prunable: bool = False            # the runner can read the figure right after the compile (the cascade)
+    needs_tpu: bool = False           # only a TPU host can give this figure
+    blind_spots: tuple[str, ...] = ()  # audit findings (kernel_audit.py) this source cannot count: no figure
+
+    def label_for(self, task: Any = None) -> str:
+        """What a figure of this source on ``task`` is called in provenance and the archive."""
+        return self.label or self.name
 
     def worker_env(self, scratch: Path) -> dict[str, str]:
         """Environment the worker needs (set before libtpu loads)."""

@@ -83,6 +83,17 @@ class CompilerEstimate(TimingSource):
     label = "compiler_estimate+hbm"     # before the HBM floor (2026-11-23): "compiler_estimate"
     description = ("libtpu's static cycle estimate of the compiled program, never less than the "
                    "program's HBM traffic over the chip's bandwidth, divided by the chip clock")
+    cacheable = True
+    prunable = True
+    # Constructs the static estimate cannot count (measured in the README): such a kernel may be
+    # correct, but its estimate is not a figure (FAIL_TIMING naming the construct).
+    blind_spots = ("data_dependent_loop", "data_dependent_branch", "xla_loop", "xla_branch", "unparsed_kernel")
+
+    def label_for(self, task=None) -> str:
+        """A task with a mesh adds the ICI model (``evaluator/ici_model.py``) to every figure, a
+        1-chip candidate's (no collective) included, so that all the figures of one task are one
+        model and no other figure is compared with them."""
+        return self.label + ("+ici_model" if task is not None and task.chips > 1 else "")
 
     def worker_env(self, scratch: Path) -> dict[str, str]:
         return {"LIBTPU_INIT_ARGS": f"{DUMP_FLAG}={scratch / 'llo'}"}

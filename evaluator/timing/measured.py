@@ -25,6 +25,7 @@ def bootstrap_ci(samples: list[float], *, resamples: int = 2000, seed: int = 0,
 class Measured(TimingSource):
     name = "measured"
     description = "median of timed runs on the TPU with block_until_ready, after warm-up"
+    needs_tpu = True
 
     def __init__(self, warmup: int = 5, iters: int = 50) -> None:
         if warmup < 0 or iters < 3:

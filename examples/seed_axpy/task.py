@@ -24,6 +24,7 @@ class Task(SeedTask):
     shape_grammar = "M=1024,N=1024"
     distributions = ("normal", "large")
     correctness_inputs = (("normal", 0), ("large", 1))
+    test_tasks = {"small": ("M=64,N=256", {})}     # what the tests run it at
 
     rows: int = 1024
     cols: int = 1024

@@ -47,6 +47,10 @@ class Task(SeedTask):
     # [c N/4, (c+1) N/4) of every sequence, and its own lengths clip(lengths - c N/4, 0, N/4)
     # (0 for a chip past a sequence's end); q is on every chip.
     mesh_sizes = (1, 4)
+    # GQA (H=4 over HKV=2), so that grouped_heads applies (at N=1024 libtpu's static profiler
+    # aborts); and a v5e 2x2 (chip_split applies), each chip's share long enough for the profiler.
+    test_tasks = {"small": ("B=2,H=4,HKV=2,N=2048,D=128,T=1", {}),
+                  "small-4chips": ("B=2,H=4,HKV=2,N=8192,D=128,T=1", {"chips": 4})}
 
     batch: int = 8
     heads: int = 8

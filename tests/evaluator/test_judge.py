@@ -6,6 +6,7 @@ import pytest
 
 from evaluator.result import Status
 from tests.evaluator.conftest import TINY, TINY_FULL, variant
+from tests.judging import judge_all
 
 
 @pytest.mark.parametrize("task", [TINY, TINY_FULL], ids=["causal", "full"])
@@ -67,7 +68,7 @@ def test_zeros_and_wrong_shape_and_wrong_dtype_fail(judge, seed_source):
     zeros = seed_source + wrap + "    return jnp.zeros_like(_inner(q, k, v, causal=causal, sm_scale=sm_scale))\n"
     shape = seed_source + wrap + "    return _inner(q, k, v, causal=causal, sm_scale=sm_scale)[:, :, :-8]\n"
     dtype = seed_source + wrap + "    return _inner(q, k, v, causal=causal, sm_scale=sm_scale).astype(jnp.float32)\n"
-    results = judge.evaluate_many([zeros, shape, dtype], TINY_FULL)
+    results = judge_all(judge, [zeros, shape, dtype], TINY_FULL)
     assert [r.status for r in results] == [Status.FAIL_CORRECTNESS] * 3, [r.error for r in results]
     assert "tolerance" in results[0].error
     assert "shape" in results[1].error
@@ -106,7 +107,7 @@ def test_seed_and_jax_kernel_pass_on_the_default_task(judge, seed_source):
     from seeds.flash_attention.task import AttentionTask
 
     jax_kernel = (Path(__file__).resolve().parents[2] / "examples" / "jax_flash_attention.py").read_text()
-    seed, jax_fa = judge.evaluate_many([seed_source, jax_kernel], AttentionTask())
+    seed, jax_fa = judge_all(judge, [seed_source, jax_kernel], AttentionTask())
     assert seed.status is Status.PASS, seed.error
     assert jax_fa.status is Status.PASS, jax_fa.error
     # JAX's kernel skips causal blocks; the naive seed does not.

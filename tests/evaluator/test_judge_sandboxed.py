@@ -14,6 +14,7 @@ from evaluator.judge import Judge, JudgeConfig, StageBudgets
 from evaluator.result import Status
 from evaluator.sandbox import Limits
 from tests.evaluator.conftest import TINY, TINY_FULL, variant
+from tests.judging import judge_all
 
 
 @pytest.fixture(scope="module")
@@ -68,12 +69,12 @@ def test_patching_inside_the_candidate_cannot_reach_the_comparison(strict_judge,
 
 def test_many_candidates_come_back_in_order_each_with_its_own_status(strict_judge, seed_source):
     wrong = variant(seed_source, "s = s * sm_scale", "s = s * 1.0")
-    results = strict_judge.evaluate_many([wrong, seed_source, "import os\n" + seed_source], TINY)
+    results = judge_all(strict_judge, [wrong, seed_source, "import os\n" + seed_source], TINY)
     assert [r.status for r in results] == [Status.FAIL_CORRECTNESS, Status.PASS, Status.FAIL_SCREEN]
 
 
 def test_workers_get_a_private_home_and_no_compilation_cache(strict_judge, tmp_path):
-    env = strict_judge._child_env(tmp_path)
+    env = strict_judge.children.worker_env(tmp_path)
     assert env["HOME"] == env["TMPDIR"] == str(tmp_path)
     assert not any("CACHE" in key for key in env)
     assert not any(key.startswith(("AWS_", "GOOGLE_", "MLFLOW_")) for key in env)
@@ -84,21 +85,21 @@ def test_a_cached_reference_is_checked_before_it_is_trusted(tmp_path, capsys):
     import os
 
     judge = Judge(JudgeConfig(cache_dir=str(tmp_path)))
-    key = judge._reference_key(TINY)
+    key = judge.references.key(TINY)
     cycles = 3413
     good = {key: {"cycles": cycles, "latency_s": cycles / judge.chip.clock_hz}}
     cache = tmp_path / "reference_timings.json"
     cache.write_text(json.dumps(good))
     os.chmod(tmp_path, 0o700)
     os.chmod(cache, 0o600)
-    assert judge._cached_reference(TINY).cycles == cycles
+    assert judge.references.cached(TINY).cycles == cycles
     # An entry whose latency does not follow from its cycles (a hand-inflated reference) is not used.
     cache.write_text(json.dumps({key: {"cycles": cycles, "latency_s": 1.0}}))
-    assert judge._cached_reference(TINY) is None
+    assert judge.references.cached(TINY) is None
     # Nor is a cache that someone else could have written.
     cache.write_text(json.dumps(good))
     os.chmod(cache, 0o666)
-    assert judge._cached_reference(TINY) is None
+    assert judge.references.cached(TINY) is None
     assert "writable by others" in capsys.readouterr().err
 
 
@@ -122,5 +123,5 @@ def test_a_reference_is_keyed_by_the_code_of_its_task(tmp_path):
     twin = getattr(edited, type(TINY).__name__)(**{f.name: getattr(TINY, f.name)
                                                     for f in dataclasses.fields(TINY)})
     assert twin.key == TINY.key
-    assert judge._reference_key(twin) != judge._reference_key(TINY)
-    assert judge._reference_key(TINY) == Judge(JudgeConfig(cache_dir=str(tmp_path)))._reference_key(TINY)
+    assert judge.references.key(twin) != judge.references.key(TINY)
+    assert judge.references.key(TINY) == Judge(JudgeConfig(cache_dir=str(tmp_path))).references.key(TINY)

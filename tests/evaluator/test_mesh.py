@@ -12,6 +12,7 @@ from evaluator.mesh import MeshRefused, chip_function
 from evaluator.result import Status
 from mutations import Edit, replay
 from seeds import load_seed
+from tests.judging import judge_all
 
 SHAPE = "B=2,H=4,HKV=2,N=8192,D=128,T=1"    # each chip's share (2048) long enough for the profiler
 
@@ -130,7 +131,7 @@ def verdicts(tmp_path_factory):
     judge = Judge(JudgeConfig(chip="v5e", timing="compiler_estimate", workers=2,
                               cache_dir=str(tmp_path_factory.mktemp("cache"))))
     names = ("naive", "gather", "packed", "no_combine", "two_chips", "drops_last_chip", "two_outputs")
-    results = judge.evaluate_many([naive, gather.source, packed.source, no_combine, two_chips, drops_last_chip,
+    results = judge_all(judge, [naive, gather.source, packed.source, no_combine, two_chips, drops_last_chip,
                                    two_outputs], task)
     return dict(zip(names, results))
 
@@ -183,7 +184,7 @@ def test_each_chip_moves_its_share_of_the_cache_on_its_own_lengths(tmp_path):
 
     def per_chip(lengths):
         with mock.patch.object(type(task), "lengths", lambda self, seed, dist="ragged": np.array(lengths, np.int32)):
-            judge._small_inputs.clear()
+            judge.references._timing_inputs.clear()
             timing, _ = judge.estimate_timing(kernel.source, task)
         assert timing.latency_s is not None, timing.error
         return list(timing.chip_bytes)

@@ -6,6 +6,12 @@ import pytest
 
 from evaluator.screen import screen_source
 
+
+def screen(source: str):
+    """The screen for the flash-attention seed's interface."""
+    return screen_source(source, entry="flash_attention", params=("q", "k", "v"), keywords=("causal", "sm_scale"))
+
+
 OK_TAIL = "\n\ndef flash_attention(q, k, v, *, causal=True, sm_scale=1.0):\n    return q\n"
 
 
@@ -29,16 +35,16 @@ OK_TAIL = "\n\ndef flash_attention(q, k, v, *, causal=True, sm_scale=1.0):\n    
     ("global g", "global"),
 ])
 def test_forbidden_constructs_are_named_with_their_line(snippet, named):
-    result = screen_source(snippet + OK_TAIL)
+    result = screen(snippet + OK_TAIL)
     assert not result.ok
     assert named in result.error
     assert result.error.startswith(f"line {snippet.count(chr(10)) + 1}:")
 
 
 def test_the_seed_and_jax_kernels_pass(seed_source):
-    assert screen_source(seed_source).ok
+    assert screen(seed_source).ok
     src = ("from jax.experimental.pallas.ops.tpu import flash_attention as fa\n" + OK_TAIL)
-    assert screen_source(src).ok
+    assert screen(src).ok
 
 
 @pytest.mark.parametrize("source, message", [
@@ -48,7 +54,7 @@ def test_the_seed_and_jax_kernels_pass(seed_source):
     ("def flash_attention(q, k, v:\n", "syntax error"),
 ])
 def test_the_kernel_interface_is_checked(source, message):
-    result = screen_source(source)
+    result = screen(source)
     assert not result.ok and message in result.error
 
 
@@ -65,7 +71,7 @@ def test_the_kernel_interface_is_checked(source, message):
     ("import jax\nb = jax.lax.platform_dependent", ".platform_dependent"),
 ])
 def test_the_routes_an_outside_review_found_past_the_old_screen_are_named(snippet, named):
-    result = screen_source(snippet + OK_TAIL)
+    result = screen(snippet + OK_TAIL)
     assert not result.ok
     assert named in result.error and "line" in result.error
 
@@ -73,7 +79,7 @@ def test_the_routes_an_outside_review_found_past_the_old_screen_are_named(snippe
 def test_attribute_and_keyword_names_that_shadow_builtins_are_not_references():
     src = "import jax\n\ndef flash_attention(q, k, v, *, causal=True, sm_scale=1.0, compile=None):\n" \
           "    f = jax.jit(lambda x: x).lower(q).compile\n    return dict(open=q)['open']\n"
-    assert screen_source(src).ok, screen_source(src).error
+    assert screen(src).ok, screen(src).error
 
 
 @pytest.mark.parametrize("params, named", [
@@ -85,11 +91,11 @@ def test_attribute_and_keyword_names_that_shadow_builtins_are_not_references():
 ])
 def test_compiler_parameters_outside_the_allow_list_are_named(seed_source, params, named):
     old = "compiler_params=pltpu.CompilerParams("
-    result = screen_source(seed_source.replace(old, f"{old}{params}, "))
+    result = screen(seed_source.replace(old, f"{old}{params}, "))
     assert not result.ok and named in result.error, result.error
 
 
 def test_the_allowed_compiler_parameters_pass(seed_source):
     old = "compiler_params=pltpu.CompilerParams("
     allowed = "vmem_limit_bytes=96 * 2**20, allow_input_fusion=[False, False, False], "
-    assert screen_source(seed_source.replace(old, old + allowed)).ok
+    assert screen(seed_source.replace(old, old + allowed)).ok

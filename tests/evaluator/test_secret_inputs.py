@@ -15,6 +15,7 @@ from evaluator.result import Status
 from mutations import replay
 from seeds.flash_attention.task import TEMPERATURES, AttentionTask
 from seeds.flash_decoding.task import Task as DecodeTask
+from tests.judging import judge_all
 
 ROOT = Path(__file__).resolve().parents[2]
 TASK = AttentionTask(batch=1, heads=2, seq_len=256, head_dim=128)
@@ -48,7 +49,7 @@ def draws(tmp_path_factory):
     truths = []
     for _ in range(DRAWS):
         judge = Judge(JudgeConfig(cache_dir=str(cache), workers=2))
-        for name, result in zip(kernels, judge.evaluate_many(list(kernels.values()), TASK)):
+        for name, result in zip(kernels, judge_all(judge, list(kernels.values()), TASK)):
             results[name].append(result)
         truths.append(judge.ground_truth(TASK)[1])
     return results, truths
@@ -88,14 +89,14 @@ def test_the_worker_sees_no_input_and_no_seed(tmp_path, monkeypatch):
     monkeypatch.setattr(ground_truth.secrets, "randbits", lambda k: drawn.append(real(k)) or drawn[-1])
     judge = Judge(JudgeConfig(cache_dir=str(tmp_path / "cache"), workers=1))
     seen = []
-    run = judge._run
+    run = judge.children.run
 
     def spy(module, directory, request, env, **kwargs):
         if module == "evaluator.worker":
             seen.append((json.dumps(request), json.dumps(env), sorted(p.name for p in Path(directory).iterdir())))
         return run(module, directory, request, env, **kwargs)
 
-    monkeypatch.setattr(judge, "_run", spy)
+    monkeypatch.setattr(judge.children, "run", spy)
     result = judge.evaluate((ROOT / "seeds/flash_attention/kernel.py").read_text(), TASK)
     assert result.status is Status.PASS, result.error
     assert len(drawn) == 3 and seen

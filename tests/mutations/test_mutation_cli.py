@@ -7,6 +7,7 @@ import argparse
 import pytest
 
 from evolve import cli_mutations
+from evolve.cli_common import add_command
 from mutations import all_operators, read_tunables
 
 from .kernel_check import SEED_PATH
@@ -14,7 +15,9 @@ from .kernel_check import SEED_PATH
 
 def run(argv, capsys):
     parser = argparse.ArgumentParser(prog="evolve")
-    cli_mutations.add_commands(parser.add_subparsers(dest="command", required=True))
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for command in cli_mutations.COMMANDS:
+        add_command(subparsers, command)
     args = parser.parse_args(argv)
     code = args.func(args)
     out, err = capsys.readouterr()

@@ -22,6 +22,7 @@ from seeds.flash_attention.task import AttentionTask
 
 from .kernel_check import seed_source
 from .seed_cases import SeedCase, seed_case, seed_cases
+from tests.judging import judge_all
 
 SMALL = {causal: AttentionTask(batch=1, heads=2, seq_len=256, head_dim=128, causal=causal)
          for causal in (True, False)}
@@ -74,7 +75,7 @@ def judge_sequences(judge: Judge, case: SeedCase, rng_seeds, lengths) -> set[str
         assert edits
         assert replay(case.source, edits, case.task).source == source
         cases.append((source, edits))
-    results = judge.evaluate_many([s for s, _ in cases], case.task)
+    results = judge_all(judge, [s for s, _ in cases], case.task)
     for (_, edits), result in zip(cases, results):
         assert correct(result), (f"{case.id}: {[e.to_dict() for e in edits]}: {result.status.value} "
                                  f"at {result.stage}: {result.error}")
@@ -107,7 +108,7 @@ def test_all_operators_composed_stay_correct_in_both_block_orders(judge, causal)
     swapped = replay(result.source, [Edit("block_sizes", {"tunable": "BLOCK_KV", "value": 128}),
                                      Edit("block_sizes", {"tunable": "BLOCK_Q", "value": 256})], task)
     assert swapped.status == "applied", swapped.reason
-    for r in judge.evaluate_many([result.source, swapped.source], task):
+    for r in judge_all(judge, [result.source, swapped.source], task):
         assert correct(r), (r.status, r.error)
 
 

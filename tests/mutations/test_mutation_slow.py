@@ -24,15 +24,16 @@ ALL_SIX = [
 
 
 def _judge_against_seed(edits):
-    from evaluator import evaluate
+    from evaluator.judge import Judge, JudgeConfig
     from evaluator.result import Status
 
     task = AttentionTask()
     mutated = replay(seed_source(), edits, task)
     assert mutated.status == "applied", mutated.reason
-    seed = evaluate(seed_source(), task, chip="v5e")
+    judge = Judge(JudgeConfig(chip="v5e"))
+    seed = judge.evaluate(seed_source(), task)
     assert seed.status == Status.PASS, seed.error
-    return seed, evaluate(mutated.source, task, chip="v5e")
+    return seed, judge.evaluate(mutated.source, task)
 
 
 def test_all_operators_pass_and_are_faster():

@@ -14,6 +14,7 @@ from evaluator.judge import Judge, JudgeConfig
 from evaluator.result import Status
 from mutations import Edit, get_operator, replay
 from seeds import load_seed
+from tests.judging import judge_all
 
 SHAPE = "B=2,H=4,HKV=2,N=2048,D=128,T=1"
 
@@ -42,7 +43,7 @@ def verdicts(tmp_path_factory):
     assert split_drops_last != chain.source and skip_compute.applied
     judge = Judge(JudgeConfig(chip="v5e", cache_dir=str(tmp_path_factory.mktemp("cache"))))
     names = ("naive", "mutant", "no_lengths", "drops_last", "chain", "split_drops_last", "skip_compute")
-    results = judge.evaluate_many([naive, mutant.source, no_lengths, drops_last, chain.source, split_drops_last,
+    results = judge_all(judge, [naive, mutant.source, no_lengths, drops_last, chain.source, split_drops_last,
                                    skip_compute.source], task)
     out = dict(zip(names, results))
     # At N=1024 (two cache blocks) libtpu 0.0.42.1's static profiler aborts the compile.

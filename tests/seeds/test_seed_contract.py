@@ -17,13 +17,10 @@ from seeds import SeedError, SeedTask, builtin_seeds, load_seed, task_from_sourc
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "seed_axpy"
 SEEDS = [*builtin_seeds(), str(EXAMPLE)]
-# A small problem of each seed, for the checks that run its reference.
-SMALL = {"flash_attention": "B=1,H=2,N=256,D=128", "flash_decoding": "B=2,H=4,HKV=2,N=256,D=128,T=1",
-         "axpy": "M=64,N=256"}
-
-
 def _small(seed):
-    return seed.task(SMALL.get(seed.name))
+    """The seed's own small problem (``SeedTask.test_tasks["small"]``), for the checks that run its reference."""
+    shape, options = seed.task_class.test_tasks["small"]
+    return seed.task(shape, **options)
 
 
 @pytest.mark.parametrize("name", SEEDS, ids=lambda s: Path(s).name)
@@ -64,7 +61,7 @@ def test_every_chip_count_a_seed_offers_cuts_its_inputs_into_shares_of_the_promi
     assert seed.task_class.mesh_sizes[0] == 1 and seed.default_task().chips == 1
     assert _small(seed).chip_specs(1) == _small(seed).input_specs()
     for chips in seed.task_class.mesh_sizes[1:]:
-        task = seed.task(SMALL.get(seed.name).replace("N=256", "N=1024"), chips=chips)
+        task = seed.task(seed.task_class.test_tasks["small"][0], chips=chips)
         distribution, rng_seed = task.correctness_inputs[0]
         inputs = task.make_inputs(rng_seed, distribution)
         for name_, array, (shape, dtype) in zip(task.input_names, inputs, task.chip_specs(chips), strict=True):

@@ -20,6 +20,7 @@ from evaluator.judge import Judge, JudgeConfig
 from evaluator.result import Status
 from evaluator.screen import ScreenResult
 from seeds.flash_attention.task import AttentionTask
+from tests.judging import judge_all
 
 CANDIDATES = Path(__file__).resolve().parent / "candidates"
 SEED = Path(__file__).resolve().parents[3] / "seeds" / "flash_attention" / "kernel.py"
@@ -90,7 +91,7 @@ def verdicts(tmp_path_factory):
     try:
         reference = judge.reference_timing(TASK)
         cache_before = (cache / "reference_timings.json").read_text()
-        results = judge.evaluate_many(sources, TASK)
+        results = judge_all(judge, sources, TASK)
         cache_after = (cache / "reference_timings.json").read_text()
     finally:
         mp.undo()
@@ -151,7 +152,7 @@ def known_outputs(tmp_path_factory):
     try:
         for label, extra in configs.items():
             judge = Judge(JudgeConfig(cache_dir=str(cache), workers=2, **extra))
-            out[label] = dict(zip(names, judge.evaluate_many(sources, TASK)))
+            out[label] = dict(zip(names, judge_all(judge, sources, TASK)))
     finally:
         mp.undo()
     return out
