@@ -33,6 +33,9 @@ def _load_kernel(path: str, entry: str):
 
     spec = importlib.util.spec_from_file_location("candidate_kernel", path)
     module = importlib.util.module_from_spec(spec)
+    # Registered before it runs, as an import would: a dataclass under `from __future__ import
+    # annotations` (JAX's own flash attention's BlockSizes) looks its module up in sys.modules.
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     fn = getattr(module, entry, None)
     if not callable(fn):
