@@ -30,6 +30,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from evaluator.traced import kernel_name
+
 ALLOWED = ("vmem_limit_bytes", "dimension_semantics", "allow_input_fusion")
 
 
@@ -61,7 +63,7 @@ def problems(closed) -> list[str]:
 
     found: list[str] = []
     for eqn in _kernels(closed.jaxpr):
-        name = re.sub(r"[^\w.\-]", "_", str(eqn.params.get("name") or "pallas_call"))[:60]
+        name = kernel_name(eqn)
         params = eqn.params.get("compiler_params")
         if params is None:
             continue

@@ -32,6 +32,8 @@ import dataclasses
 
 import numpy as np
 
+from evaluator.traced import kernel_name
+
 BUDGET_BYTES = 16 << 10
 # Equations whose result, from scalars and iotas alone, is still a scalar's broadcast or an iota.
 _SHAPE_ONLY = {"broadcast_in_dim", "iota", "convert_element_type", "reshape", "squeeze",
@@ -129,7 +131,7 @@ class _Walk:
 
         for eqn in jaxpr.eqns:
             name = eqn.primitive.name
-            here = where if name != "pallas_call" else f"kernel '{_kernel_name(eqn)}'"
+            here = where if name != "pallas_call" else f"kernel '{kernel_name(eqn)}'"
             for v in eqn.invars:
                 if isinstance(v, jcore.Literal):
                     self.constant(v.val, f"{where}: a literal of {name}")
@@ -140,7 +142,6 @@ class _Walk:
                 for c in consts:
                     self.constant(c, here)
                 outs = self.jaxpr(jaxpr_, here, outside=True, kinds=[kind(v) for v in eqn.invars])
-                self._seen.add(id(jaxpr_))
                 others = {k: v for k, v in eqn.params.items() if v is not jaxpr_ and getattr(v, "jaxpr", None)
                           is not jaxpr_}
                 self.params(others, here)
@@ -163,12 +164,6 @@ class _Walk:
         if eqn.primitive.name in _SHAPE_ONLY and all(k == _SHAPE for k in kinds):
             return [_SHAPE] * n
         return [_CONST] * n
-
-
-def _kernel_name(eqn) -> str:
-    import re
-
-    return re.sub(r"[^\w.\-]", "_", str(eqn.params.get("name") or "pallas_call"))[:60]
 
 
 def _call_jaxpr(eqn):

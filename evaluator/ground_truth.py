@@ -41,12 +41,10 @@ class GroundTruth:
     program_out: np.ndarray | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class InputSets:
-    """The sets a judge checks on: (label, arrays) each, and how many of them are secret draws."""
-
-    sets: tuple[tuple[str, tuple], ...]
-    secret: int
+def set_counts(task: SeedTask, explicit: Sequence[tuple[str, int]] | None = None) -> tuple[int, int]:
+    """(input sets a candidate of ``task`` is checked on, how many of them are secret draws)."""
+    sets = len(explicit or task.correctness_inputs)
+    return sets, 0 if explicit else sets
 
 
 def timing_input(task: SeedTask, explicit: Sequence[tuple[str, int]] | None = None) -> dict[str, np.ndarray]:
@@ -57,13 +55,12 @@ def timing_input(task: SeedTask, explicit: Sequence[tuple[str, int]] | None = No
             if np.issubdtype(np.asarray(a).dtype, np.integer)}
 
 
-def draw(task: SeedTask, explicit: Sequence[tuple[str, int]] | None = None) -> InputSets:
-    """The input sets of one judge: fresh secret draws, one per distribution of the task's sets;
-    ``explicit`` ((distribution, seed) pairs) gives public sets instead (for a user who wants to
-    reproduce a failure; such a judge's verdicts record 0 secret sets)."""
+def draw(task: SeedTask, explicit: Sequence[tuple[str, int]] | None = None) -> list[tuple[str, tuple]]:
+    """The input sets of one judge, (label, arrays) each: fresh secret draws, one per distribution of
+    the task's sets; ``explicit`` ((distribution, seed) pairs) gives public sets instead (for a user
+    who wants to reproduce a failure; such a judge's verdicts record 0 secret sets)."""
     if explicit:
-        return InputSets(tuple((f"input {dist} seed {seed}", tuple(task.make_inputs(seed, dist)))
-                               for dist, seed in explicit), 0)
+        return [(f"input {dist} seed {seed}", tuple(task.make_inputs(seed, dist))) for dist, seed in explicit]
     public = timing_input(task)
     sets = []
     for i, (dist, _) in enumerate(task.correctness_inputs):
@@ -75,4 +72,4 @@ def draw(task: SeedTask, explicit: Sequence[tuple[str, int]] | None = None) -> I
                     arrays[j] = public[name].astype(np.asarray(arrays[j]).dtype)
             label = f"input set 1 ({dist}, secret values, the public timing input's {', '.join(public)})"
         sets.append((label, tuple(arrays)))
-    return InputSets(tuple(sets), len(sets))
+    return sets

@@ -4,8 +4,7 @@ libtpu's static estimate counts a DMA's issue and its wait, not its transfer (li
 v5e; the README's "The estimate does not see HBM transfers" has the command): the naive
 FlashDecoding kernel at B=8 H=8 N=8192 with 2048-entry KV blocks is estimated at 244,188 cycles
 (163 us at 1.5 GHz) for 268 MB of cache, which 819 GB/s of HBM cannot move in less than 328 us.
-For a memory-bound kernel the estimate alone
-would be faster than the hardware.
+For a memory-bound kernel the estimate alone would be faster than the hardware.
 
 So the judge also counts the bytes each kernel moves between HBM and VMEM, and a program's time is
 never less than those bytes over the chip's HBM bandwidth. The count is read from the Mosaic
@@ -58,8 +57,7 @@ def program_traffic(exported, input_value: Callable[[int], np.ndarray] | None = 
 
     ``input_value(i)`` gives the program's i-th argument (read only for scalar-prefetch operands
     that are program arguments), or None where it is unknown; ``input_value`` None when every value
-    is unknown. Never raises: what cannot be
-    read becomes a note and an upper bound.
+    is unknown. Never raises: what cannot be read becomes a note and an upper bound.
     """
     from jax._src.interpreters import mlir
     from jax._src.lib import _jax

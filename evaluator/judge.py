@@ -28,25 +28,19 @@ from evaluator.arrays import load_array
 from evaluator.chips import Chip, get_chip
 from evaluator.children import Children, on_tpu_host, private_dir, stage_data, write_inputs
 from evaluator.constants import BUDGET_BYTES
-from evaluator.ground_truth import GroundTruth
+from evaluator.ground_truth import GroundTruth, set_counts
 from evaluator.reference import References
 from evaluator.result import EvalResult, Metrics, Provenance, Status
 from evaluator.roofline import roofline
 from evaluator.sandbox import ChildOutcome, Limits
 from evaluator.screen import screen_source
-from evaluator.timing import TIMING_SOURCES, Timing, TimingSource, get_timing_source
+from evaluator.timing import Timing, TimingSource, get_timing_source, timing_choices
 from evaluator.verdicts import compare_chips, failure
 from evaluator.versions import versions
 from evaluator.worker import PROGRAM_FILE
 from seeds import SeedTask
 
 _WARNED: set[str] = set()
-
-
-def timing_choices() -> tuple[str, ...]:
-    """What ``--timing`` accepts: "auto" (measured on a TPU host, else the compiler estimate) and
-    every registered timing source."""
-    return ("auto", *TIMING_SOURCES.names())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,10 +114,7 @@ class Judge:
 
     def provenance(self, task: SeedTask | None = None) -> Provenance:
         v = versions()
-        sets = secret = None
-        if task is not None:
-            sets = len(self.config.correctness_inputs or task.correctness_inputs)
-            secret = 0 if self.config.correctness_inputs else sets
+        sets, secret = set_counts(task, self.config.correctness_inputs) if task is not None else (None, None)
         return Provenance(timing_source=self.source_label(task), chip=self.chip.name,
                           jax_version=v["jax_version"], jaxlib_version=v["jaxlib_version"],
                           libtpu_version=v["libtpu_version"], correctness_sets=sets, secret_sets=secret)

@@ -104,8 +104,8 @@ class References:
 
     # ---- making them ------------------------------------------------------------------------------
     def _make(self, task: SeedTask) -> list[GroundTruth]:
-        drawn = draw(task, self.config.correctness_inputs)
-        sets = [GroundTruth(label, inputs, task.reference(*inputs)) for label, inputs in drawn.sets]
+        sets = [GroundTruth(label, inputs, task.reference(*inputs))
+                for label, inputs in draw(task, self.config.correctness_inputs)]
         figure = self.cached(task)
         private = private_dir("ref")
         try:

@@ -87,6 +87,13 @@ def check(closed) -> None:
                       "a kernel must be a pure function of q, k and v")
 
 
+def kernel_name(eqn) -> str:
+    """A ``pallas_call`` equation's kernel name (the candidate chose it), safe to put in a message."""
+    import re
+
+    return re.sub(r"[^\w.\-]", "_", str(eqn.params.get("name") or "pallas_call"))[:60]
+
+
 def with_interpret(jaxpr, interpret):
     """A copy of ``jaxpr`` whose every ``pallas_call`` (at any depth) has ``interpret`` set and no
     declared cost estimate (``compiler_params.py``: the judge never reads a kernel's account of

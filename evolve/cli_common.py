@@ -86,7 +86,7 @@ def task_parser() -> argparse.ArgumentParser:
 
 def timing_parser() -> argparse.ArgumentParser:
     """``--timing``: every registered timing source, or auto."""
-    from evaluator.judge import timing_choices
+    from evaluator.timing import timing_choices
 
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--timing", default=None, choices=timing_choices(),

@@ -9,12 +9,18 @@ from __future__ import annotations
 from seeds.registry import Registry
 from evaluator.timing._base import Timing, TimingSource
 
-__all__ = ["Timing", "TimingSource", "get_timing_source", "TIMING_SOURCES"]
+__all__ = ["Timing", "TimingSource", "get_timing_source", "timing_choices", "TIMING_SOURCES"]
 
 TIMING_SOURCES = Registry("timing", {
     "compiler_estimate": "evaluator.timing.compiler_estimate:CompilerEstimate",
     "measured": "evaluator.timing.measured:Measured",
 }, member="timing source")
+
+
+def timing_choices() -> tuple[str, ...]:
+    """What ``--timing`` accepts: "auto" (measured on a TPU host, else the compiler estimate) and
+    every registered timing source."""
+    return ("auto", *TIMING_SOURCES.names())
 
 
 def get_timing_source(name: str) -> TimingSource:

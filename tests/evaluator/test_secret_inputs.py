@@ -111,8 +111,8 @@ def test_explicit_sets_are_public_and_recorded_so():
     judge = Judge(JudgeConfig(correctness_inputs=(("normal", 0),)))
     assert (judge.provenance(TASK).correctness_sets, judge.provenance(TASK).secret_sets) == (1, 0)
     drawn = ground_truth.draw(TASK, (("normal", 0),))
-    assert drawn.secret == 0
-    assert np.array_equal(drawn.sets[0][1][0], TASK.make_inputs(0, "normal")[0])
+    assert ground_truth.set_counts(TASK, (("normal", 0),)) == (1, 0)
+    assert np.array_equal(drawn[0][1][0], TASK.make_inputs(0, "normal")[0])
 
 
 def test_the_timing_set_keeps_the_public_lengths_and_only_them():
@@ -120,11 +120,12 @@ def test_the_timing_set_keeps_the_public_lengths_and_only_them():
     public = ground_truth.timing_input(task)
     assert list(public) == ["lengths"] and np.array_equal(public["lengths"], task.timing_lengths)
     a, b = ground_truth.draw(task), ground_truth.draw(task)
+    assert ground_truth.set_counts(task) == (3, 3)
     for drawn in (a, b):
-        assert drawn.secret == 3
-        assert np.array_equal(drawn.sets[0][1][3], task.timing_lengths)     # the input the figure is of
-    assert not np.array_equal(np.asarray(a.sets[0][1][0], np.float32), np.asarray(b.sets[0][1][0], np.float32))
-    assert any(not np.array_equal(x.sets[i][1][3], task.timing_lengths) for x in (a, b) for i in (1, 2))
+        assert len(drawn) == 3
+        assert np.array_equal(drawn[0][1][3], task.timing_lengths)     # the input the figure is of
+    assert not np.array_equal(np.asarray(a[0][1][0], np.float32), np.asarray(b[0][1][0], np.float32))
+    assert any(not np.array_equal(x[i][1][3], task.timing_lengths) for x in (a, b) for i in (1, 2))
 
 
 def test_the_tempered_distribution_draws_its_temperature_from_the_seed():

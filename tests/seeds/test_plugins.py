@@ -42,7 +42,8 @@ def run(where: Path, *argv: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def test_a_timing_source_is_one_class_and_one_line(tmp_path, monkeypatch):
-    from evaluator.judge import Judge, JudgeConfig, timing_choices
+    from evaluator.judge import Judge, JudgeConfig
+    from evaluator.timing import timing_choices
     from evaluator.result import Status
     from seeds import load_seed
 
