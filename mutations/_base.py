@@ -105,6 +105,10 @@ class Operator(abc.ABC):
     # A knob: a parameter to tune, not a rewrite to have or not (the ablation grids knobs, and takes
     # every other operator at its best alone).
     knob: ClassVar[bool] = False
+    # The judge's verdicts (Status values) this operator's rewrite can turn into a pass, e.g. a
+    # VMEM limit for FAIL_VMEM: the search tries the repair on a child that failed that way
+    # (``repair_params`` says how), since such a child is often a step that pays once repaired.
+    repairs: ClassVar[tuple[str, ...]] = ()
 
     # ---- to implement ---------------------------------------------------------------------
     @abc.abstractmethod
@@ -122,6 +126,10 @@ class Operator(abc.ABC):
     def moves(self, source: str, task: Any) -> tuple[str, ...]:
         """The tunables this operator may set on ``source`` for ``task`` (default: ``tunables``)."""
         return self.tunables
+
+    def repair_params(self, source: str, task: Any) -> dict[str, Any] | None:
+        """The parameters that repair ``source`` after one of ``repairs``; None: no repair left."""
+        return None
 
     def pays_on(self, chip: Any) -> bool:
         """Whether the rewrite can make a kernel faster on ``chip`` (an evaluator.chips.Chip); the

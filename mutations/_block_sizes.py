@@ -21,11 +21,29 @@ def _tunables(module: cst.Module, task: Any) -> list[str]:
     return sorted(name for name in module_ints(module) if task.legal_values(name) is not None)
 
 
+# The chance that a drawn move scales the block shape (every sequence tunable at once) instead of
+# moving one tunable: growing a square block one side at a time passes through a non-square shape
+# that other rewrites (diagonal strips) do not take, so the way up would look bad at each step.
+SHAPE_MOVE = 0.5
+
+
+def _scaled(ints: dict[str, int], names: list[str], task: Any, factor: float) -> dict[str, int] | None:
+    """``names`` all scaled by ``factor``, if every new value is legal (else None)."""
+    out = {}
+    for name in names:
+        value = int(ints[name] * factor)
+        if value not in legal_values(name, task):
+            return None
+        out[name] = value
+    return out
+
+
 class BlockSizes(Operator):
     name = "block_sizes"
     knob = True
     description = ("Move one block-size tunable (a module-level constant such as BLOCK_Q, BLOCK_KV or "
-                   "HEADS_PER_PROGRAM) to another value its task declares legal.")
+                   "HEADS_PER_PROGRAM) to another value its task declares legal, or scale the block "
+                   "shape (every block tunable but the heads per program) by 2 or 1/2 at once.")
 
     def moves(self, source: str, task: Any) -> tuple[str, ...]:
         """The source's module-level constants that the task declares legal values for."""
@@ -53,12 +71,31 @@ class BlockSizes(Operator):
             return Applicability(False, f"no other legal value for {', '.join(present)} at {task.key}")
         return APPLICABLE
 
+    def shapes(self, module: cst.Module, task: Any) -> list[dict[str, int]]:
+        """The block shape scaled by 2 and by 1/2 (those legal): a shape is the block tunables
+        other than the heads per program, when there are at least two."""
+        ints = module_ints(module)
+        names = [n for n in _tunables(module, task) if n != "HEADS_PER_PROGRAM"]
+        if len(names) < 2:
+            return []
+        return [shape for factor in (2, 0.5) if (shape := _scaled(ints, names, task, factor))]
+
     def _sample(self, module, task, rng: random.Random) -> dict[str, Any]:
+        shapes = self.shapes(module, task)
+        if shapes and rng.random() < SHAPE_MOVE:
+            return {"shape": rng.choice(shapes)}
         choices = self._choices(module, task)
         name = rng.choice(sorted(choices))
         return {"tunable": name, "value": rng.choice(choices[name])}
 
     def _rewrite(self, module, task, params) -> cst.Module:
+        if "shape" in params:
+            shape = params["shape"]
+            if not isinstance(shape, dict) or not shape:
+                raise NotApplicable(f"shape={shape!r} is not a mapping of tunables to values")
+            for name, value in sorted(shape.items()):
+                module = self._rewrite(module, task, {"tunable": name, "value": value})
+            return module
         name, value = params.get("tunable"), params.get("value")
         ints = module_ints(module)
         if name not in ints:

@@ -8,7 +8,7 @@ from typing import Any
 import libcst as cst
 
 from . import _cst as C
-from ._base import APPLICABLE, Applicability, NotApplicable, Operator
+from ._base import APPLICABLE, Applicability, NotApplicable, Operator, parse
 from ._tunables import module_ints, set_tunable
 
 MIB = 1024 * 1024
@@ -20,6 +20,7 @@ class VmemLimit(Operator):
     name = "vmem_limit"
     tunables = ("VMEM_LIMIT_BYTES",)
     knob = True
+    repairs = ("FAIL_VMEM",)
     description = ("Set the kernel's scoped VMEM limit (VMEM_LIMIT_BYTES passed as "
                    "pltpu.CompilerParams(vmem_limit_bytes=...)) to another value in 16..96 MiB.")
 
@@ -36,6 +37,13 @@ class VmemLimit(Operator):
             return Applicability(False, "vmem_limit_bytes is set to an expression other than "
                                         "VMEM_LIMIT_BYTES")
         return APPLICABLE
+
+    def repair_params(self, source: str, task: Any) -> dict[str, Any] | None:
+        """The largest limit, if the kernel does not have it yet (a kernel over it is too big)."""
+        if not self.check(source, task).ok:
+            return None
+        current = self._current_mib(parse(source))
+        return {"mib": LIMITS_MIB[-1]} if current is None or current < LIMITS_MIB[-1] else None
 
     def _sample(self, module, task, rng: random.Random) -> dict[str, Any]:
         current = self._current_mib(module)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import random
 
 from mutations import Applicability, Edit, get_operator, read_tunables, replay
@@ -61,17 +62,36 @@ def test_block_sizes_samples_only_legal_values():
     task = AttentionTask(batch=1, heads=6, seq_len=768, head_dim=128)
     source = "BLOCK_Q = 128\nBLOCK_KV = 128\nHEADS_PER_PROGRAM = 1\n"
     seen = set()
-    for seed in range(60):
+    for seed in range(150):
         result = get_operator("block_sizes").apply(source, task, random.Random(seed))
         assert result.status == "applied"
-        name, value = result.edit.params["tunable"], result.edit.params["value"]
-        seen.add((name, value))
-        if name.startswith("BLOCK"):
-            assert value % 128 == 0 and 768 % value == 0 and value != 128
-        else:
-            assert 6 % value == 0 and value != 1
+        params = result.edit.params
+        moved = params["shape"].items() if "shape" in params else [(params["tunable"], params["value"])]
+        if "shape" in params:    # the block shape scaled: both sequence blocks, never the heads
+            assert params["shape"] == {"BLOCK_Q": 256, "BLOCK_KV": 256}
+        for name, value in moved:
+            seen.add((name, value))
+            if name.startswith("BLOCK"):
+                assert value % 128 == 0 and 768 % value == 0 and value != 128
+            else:
+                assert 6 % value == 0 and value != 1
     assert {v for n, v in seen if n == "BLOCK_Q"} == {256, 384, 768}
     assert {v for n, v in seen if n == "HEADS_PER_PROGRAM"} == {2, 3, 6}
+
+
+def test_block_sizes_scales_the_block_shape_and_replays_it():
+    task = AttentionTask(batch=1, heads=8, seq_len=2048, head_dim=128)
+    source = "BLOCK_Q = 1024\nBLOCK_KV = 1024\nHEADS_PER_PROGRAM = 2\n"
+    op = get_operator("block_sizes")
+    shapes = {json.dumps(op.apply(source, task, random.Random(s)).edit.params.get("shape"), sort_keys=True)
+              for s in range(40)}
+    # 1024 -> 2048 or 512 together; 4096 is not legal at N=2048, so up is the only way but down.
+    assert shapes - {"null"} == {json.dumps({"BLOCK_KV": 2048, "BLOCK_Q": 2048}, sort_keys=True),
+                                 json.dumps({"BLOCK_KV": 512, "BLOCK_Q": 512}, sort_keys=True)}
+    up = op.apply_params(source, task, {"shape": {"BLOCK_Q": 2048, "BLOCK_KV": 2048}})
+    assert up.source == "BLOCK_Q = 2048\nBLOCK_KV = 2048\nHEADS_PER_PROGRAM = 2\n"
+    illegal = op.apply_params(source, task, {"shape": {"BLOCK_Q": 4096, "BLOCK_KV": 4096}})
+    assert illegal.status == "not_applicable" and "not legal" in illegal.reason
 
 
 def test_block_sizes_not_applicable():
