@@ -68,11 +68,25 @@ def evaluations_to(curve: tuple[float, ...], level: float) -> int | None:
     return None
 
 
-def summarise(trials: list[Trial]) -> dict[str, Any]:
+def spread(values: list[float]) -> tuple[float, float, float] | None:
+    """(median, first quartile, third quartile) of ``values``; None when empty."""
+    if not values:
+        return None
+    if len(values) == 1:
+        return (values[0],) * 3
+    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return median, q1, q3
+
+
+def summarise(trials: list[Trial], budget: int | None = None) -> dict[str, Any]:
+    """Per strategy, over its repeats: the median and interquartile range of the final best
+    speedup, of the final best cost, and of the evaluations to the target (a repeat that never
+    reached it counts as budget + 1: the median says "not reached" when half did not)."""
     optimum = max((max(t.curve, default=0.0) for t in trials), default=0.0)
     level = TARGET * optimum
     costs = [t.best_cost for t in trials if t.best_cost]
     best_cost = min(costs) if costs else None
+    budget = budget or max((len(t.curve) for t in trials), default=0)
     rows = {}
     for name in dict.fromkeys(t.strategy for t in trials):
         mine = [t for t in trials if t.strategy == name]
@@ -83,8 +97,11 @@ def summarise(trials: list[Trial]) -> dict[str, Any]:
             "repeats": len(mine),
             "best_speedup": max(max(t.curve, default=0.0) for t in mine),
             "mean_final_speedup": statistics.fmean(t.curve[-1] if t.curve else 0.0 for t in mine),
+            "final_speedup_spread": spread([t.curve[-1] if t.curve else 0.0 for t in mine]),
             "mean_best_cost": statistics.fmean(mine_costs) if len(mine_costs) == len(mine) else None,
+            "best_cost_spread": spread(mine_costs) if len(mine_costs) == len(mine) else None,
             "evaluations_to_target": needed,
+            "evaluations_spread": spread([float(n if n is not None else budget + 1) for n in needed]),
             "median_evaluations_to_target": statistics.median(reached) if len(reached) == len(mine) else None,
             "reached_target": f"{len(reached)}/{len(mine)}",
             "judged": sum(t.judged for t in mine),
@@ -98,23 +115,36 @@ def summarise(trials: list[Trial]) -> dict[str, Any]:
         row["kernel_tuner_score"] = score
     unit = "cycles" if best_cost and best_cost > 1 else "s"
     return {"optimum_speedup": optimum, "target_speedup": level, "optimum_cost": best_cost, "cost_unit": unit,
-            "strategies": rows}
+            "budget": budget, "strategies": rows}
+
+
+def _spread_text(value: tuple[float, float, float] | None, fmt: str, budget: int | None = None) -> str:
+    if value is None:
+        return "-"
+
+    def one(v: float) -> str:
+        return f">{budget}" if budget is not None and v > budget else format(v, fmt)
+
+    median, q1, q3 = value
+    return f"{one(median)} [{one(q1)}, {one(q3)}]"
 
 
 def format_table(summary: dict[str, Any], budget: int) -> str:
     lines = [f"optimum (best any strategy found): {summary['optimum_speedup']:.3f}x the XLA reference"
              + (f", {summary['optimum_cost']:,.0f} {summary['cost_unit']}" if summary["optimum_cost"] else ""),
-             f"target: {TARGET:.0%} of it = {summary['target_speedup']:.3f}x; budget {budget} distinct kernels",
-             "| strategy | repeats | best | mean final | evaluations to target (each repeat) | median | "
-             "Kernel Tuner score | judged | minutes |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"target: {TARGET:.0%} of it = {summary['target_speedup']:.3f}x; budget {budget} distinct kernels; "
+             "figures over repeats are median [first quartile, third quartile]",
+             f"| strategy | repeats | best | final speedup | final {summary['cost_unit']} | "
+             "evaluations to target | each repeat | reached | Kernel Tuner score | judged | minutes |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in summary["strategies"].items():
         each = ", ".join(str(n) if n is not None else f">{budget}" for n in r["evaluations_to_target"])
-        median = f"{r['median_evaluations_to_target']:g}" if r["median_evaluations_to_target"] is not None else \
-            f"not reached ({r['reached_target']})"
         score = f"{r['kernel_tuner_score']:.2f}" if r["kernel_tuner_score"] is not None else "-"
-        lines.append(f"| {name} | {r['repeats']} | {r['best_speedup']:.3f}x | {r['mean_final_speedup']:.3f}x | "
-                     f"{each} | {median} | {score} | {r['judged']} | {r['minutes']:.1f} |")
+        lines.append(f"| {name} | {r['repeats']} | {r['best_speedup']:.3f}x | "
+                     f"{_spread_text(r['final_speedup_spread'], '.3f')} | "
+                     f"{_spread_text(r['best_cost_spread'], ',.0f')} | "
+                     f"{_spread_text(r['evaluations_spread'], 'g', budget)} | {each} | {r['reached_target']} | "
+                     f"{score} | {r['judged']} | {r['minutes']:.1f} |")
     return "\n".join(lines)
 
 
@@ -136,11 +166,19 @@ def plot(trials: list[Trial], summary: dict[str, Any], path: Path, title: str,
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5))
-    colours = {}
-    for t in trials:
-        colour = colours.setdefault(t.strategy, f"C{len(colours)}")
-        ax.step(range(1, len(t.curve) + 1), t.curve, where="post", color=colour, alpha=0.8,
-                label=t.strategy if t.repeat == min(x.repeat for x in trials if x.strategy == t.strategy) else None)
+    for k, name in enumerate(dict.fromkeys(t.strategy for t in trials)):
+        colour = f"C{k}"
+        mine = [t for t in trials if t.strategy == name]
+        for t in mine:       # each repeat, faint
+            ax.step(range(1, len(t.curve) + 1), t.curve, where="post", color=colour, alpha=0.25, linewidth=0.8)
+        length = max(len(t.curve) for t in mine)
+        bands = [spread([t.curve[min(i, len(t.curve) - 1)] for t in mine if t.curve]) for i in range(length)]
+        x = range(1, length + 1)
+        ax.step(x, [b[0] for b in bands], where="post", color=colour, linewidth=2,
+                label=f"{name}: median of {len(mine)}")
+        if len(mine) > 1:
+            ax.fill_between(x, [b[1] for b in bands], [b[2] for b in bands], step="post", color=colour,
+                            alpha=0.2, label=f"{name}: interquartile range")
     ax.axhline(summary["target_speedup"], color="grey", linestyle="--", linewidth=1,
                label=f"{TARGET:.0%} of the best found")
     for name, peer in (peers or {}).items():

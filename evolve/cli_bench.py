@@ -22,7 +22,8 @@ class BenchCommand(Command):
         parser.add_argument("--strategies", default="ga,ratchet,random", help="comma-separated: ga, ratchet, random")
         parser.add_argument("--budget", type=int, default=32,
                             help="distinct kernels per strategy and repeat (default 32)")
-        parser.add_argument("--repeats", type=int, default=1, help="runs per strategy, RNG seeds base..base+R-1")
+        parser.add_argument("--repeats", type=int, default=5,
+                            help="runs per strategy, RNG seeds base..base+R-1 (default 5: a median and quartiles)")
         parser.add_argument("--rng-seed", type=int, default=None, help="the first repeat's RNG seed (default 0)")
         parser.add_argument("--out", default=None, help="where to write bench.md, bench.png, bench.json "
                                                         "(default DATA_DIR/bench/BENCH_ID)")
@@ -78,7 +79,7 @@ class BenchCommand(Command):
                                           "estimated_cycles": r.metrics.estimated_cycles}
                                       for k, r in run.peers.items()}}
                 # The report is rewritten after every trial: a bench stopped part way keeps what it has.
-                summary = summarise(trials)
+                summary = summarise(trials, args.budget)
                 paths = write_report(out, trials, summary, meta)
         print(f"\n{bench_id}  task {meta['task_key']}  timing: {meta['timing_source']} (chip {meta['chip']}, "
               f"libtpu {meta['libtpu_version']})")

@@ -16,6 +16,7 @@ class SearchConfig:
     tournament_size: int = 2
     crossover_prob: float = 0.3
     hall_of_fame: int = 2           # elites carried into every generation: the ratchet
+    niches: int = 2                 # + the best of this many other block shapes (quality diversity)
     rng_seed: int = 0
     max_tries: int = 8              # attempts to produce a new (unseen) child before giving up
     # The cascade: a child whose compiler estimate is over prune_factor x the champion's cycles
@@ -55,6 +56,8 @@ class SearchConfig:
             raise UsageError(f"budget must be at least 1 kernel (0: from the generations), got {self.budget}")
         if self.lag < 0:
             raise UsageError(f"lag must be 0 (twice the workers) or more, got {self.lag}")
+        if not 0 <= self.niches < self.population:
+            raise UsageError(f"niches must be between 0 and the population size - 1, got {self.niches}")
         if not 1 <= self.hall_of_fame < self.population:
             raise UsageError("hall_of_fame must be at least 1 and smaller than the population")
 

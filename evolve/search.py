@@ -1,12 +1,15 @@
 """The evolutionary loop: DEAP's toolbox, tournament selection, a hall of fame as the ratchet,
 run steady-state so that no worker waits for a generation's straggler.
 
-    items 0..n0-1   <- seed + distinct block shapes, most with a chain of other operators that
-                       covers them all
+    items 0..n0-1   <- seed + distinct block shapes (first those that cover every legal size of
+                       each block), most with a chain of other operators that covers them all
     item i >= n0    <- bred as soon as items 0..i-lag have been judged and taken in (in index
                        order), from the pool as it stood then:
-        pool     <- the hall of fame (the best PASS ever seen; never lost) + the latest
-                    population - hall_of_fame items taken in
+        repair   <- first, a child that failed in a way an operator repairs (FAIL_VMEM: the
+                    VMEM limit) is repaired: a bigger block is often a step that pays once it fits
+        pool     <- the hall of fame (the best PASS ever seen; never lost) + the best kernel of
+                    each of the next `niches` block shapes (MAP-Elites' cells: a shape whose
+                    next steps have not paid yet stays in reach) + the latest items taken in
         parents  <- tournament selection from the pool
         child    <- crossover (replay two edit histories) or mutation (a chain of operators, drawn
                     by what has paid so far); oversample x candidates ranked by the surrogate
@@ -35,7 +38,7 @@ from evolve.config import RunConfig
 from evolve.individual import Individual
 from evolve.surrogate import Surrogate
 from evolve.variation import block_shapes, crossover, mutate
-from mutations import all_operators
+from mutations import all_operators, read_tunables
 
 
 
@@ -125,11 +128,15 @@ class Search:
         self.champion: Individual | None = None
         self.seen: set[str] = set()
         self.taken: list[Individual] = []             # items taken in, in index order
-        self.surrogate = Surrogate([op.name for op in self.operators],
-                                   surrogate_tunables(self.operators, seed_source, task))
+        tunables = surrogate_tunables(self.operators, seed_source, task)
+        self.cell_tunables = [name for name in read_tunables(seed_source) if task.legal_values(name) is not None]
+        shape = [name for name in self.cell_tunables if name in tunables]
+        self.surrogate = Surrogate([op.name for op in self.operators], tunables,
+                                   pairs=[(a, b) for i, a in enumerate(shape) for b in shape[i + 1:]])
         self.credit: dict[str, list[int]] = {}        # operator -> [tries, wins over the parent]
         self.speedups: dict[str, float] = {}          # individual id -> speedup (PASS only)
         self.learned: set[str] = set()
+        self.repairs: list[Individual] = []            # children failed in a way an operator repairs
 
     def weights(self) -> dict[str, float] | None:
         """Each operator's chance of paying off (Laplace: (wins + 1) / (tries + 2))."""
@@ -159,18 +166,45 @@ class Search:
     def record(self, individuals: list[Individual]) -> None:
         """Take judged individuals in: what the search learns, the hall of fame, the champion."""
         self.learn(individuals)
+        repairable = {status for op in self.operators for status in op.repairs}
+        self.repairs += [ind for ind in individuals if ind.result is not None and ind.edits
+                         and ind.result.status.value in repairable]
         passed = [ind for ind in individuals if ind.passed]
         self.hof.update(passed)
         for ind in passed:
             if beats(ind, self.champion):
                 self.champion = ind
 
+    def niches(self) -> list[Individual]:
+        """Quality diversity (MAP-Elites' cells): the fastest PASS of each block shape (the
+        values of the tunables the task declares legal), fastest cell first."""
+        best: dict[tuple, Individual] = {}
+        for ind in self.taken:
+            if ind.passed:
+                cell = self.cell(ind)
+                if cell not in best or (ind.speedup or 0.0) > (best[cell].speedup or 0.0):
+                    best[cell] = ind
+        return sorted(best.values(), key=lambda ind: -(ind.speedup or 0.0))
+
+    def cell(self, ind: Individual) -> tuple:
+        values = read_tunables(ind.source)
+        return tuple(values.get(name) for name in self.cell_tunables)
+
     def pool(self) -> list[Individual]:
-        """The population selection draws from: the hall of fame + the latest items taken in."""
+        """The population selection draws from: the hall of fame, the elites of the next-best
+        block shapes (up to ``niches`` of them: a shape whose first steps do not pay yet stays in
+        reach), then the latest items taken in."""
+        s = self.config.search
         elites = list(self.hof)
         ids = {e.id for e in elites}
+        for ind in self.niches():
+            if len(elites) >= s.hall_of_fame + s.niches:
+                break
+            if ind.id not in ids and self.cell(ind) not in {self.cell(e) for e in elites}:
+                elites.append(ind)
+                ids.add(ind.id)
         rest = [ind for ind in self.taken if ind.id not in ids]
-        return elites + rest[-(self.config.search.population - len(elites)):]
+        return elites + rest[-max(s.population - len(elites), 0):] if len(elites) < s.population else elites
 
     def cut(self) -> int | None:
         """The cascade's cut for a child bred now: prune_factor x the champion's cycles."""
@@ -201,9 +235,33 @@ class Search:
                 population.append(child)
         return population
 
+    def repair(self, generation: int) -> Individual | None:
+        """The oldest failed child an operator repairs, repaired (None when none is left)."""
+        while self.repairs:
+            failed = self.repairs.pop(0)
+            for op in self.operators:
+                if failed.result.status.value not in op.repairs:
+                    continue
+                params = op.repair_params(failed.source, self.task)
+                result = op.apply_params(failed.source, self.task, params) if params is not None else None
+                if result is None or not result.applied:
+                    continue
+                child = Individual(result.source, edits=failed.edits + [result.edit.to_dict()],
+                                   parent_ids=(failed.id,), operator=op.name, params=dict(result.edit.params),
+                                   generation=generation)
+                if child.id not in self.seen:
+                    return child
+        return None
+
     def breed_one(self, index: int, generation: int) -> Individual | None:
-        """Item ``index``: a new child of the pool as it stands, or None if none new was found."""
+        """Item ``index``: a repair of a child that failed in a way an operator repairs, else a
+        new child of the pool as it stands; None if none new was found."""
         s = self.config.search
+        repaired = self.repair(generation)
+        if repaired is not None:
+            repaired.cut = self.cut()
+            self.seen.add(repaired.id)
+            return repaired
         state = item_rng(s.rng_seed, index)
         rng = random.Random(state)
         random.seed(state)   # DEAP's selection draws from the global generator

@@ -1,9 +1,10 @@
 """A surrogate that ranks bred children before any is judged.
 
 A ridge regression of log(estimated cycles) on what a kernel is made of: the log2 of its integer
-tunables (block sizes, heads per program, strip height, VMEM limit) and which operators its edit
-history applied. It learns from every kernel the run has an estimate for (PASS, and PRUNED:
-the cascade keeps their estimates), so it is only as good as the run's own data, and it is
+tunables (block sizes, heads per program, strip height, VMEM limit), the block shape's aspect
+(|log2 a - log2 b| for each pair of block sizes) and which operators its edit history applied.
+It learns from every kernel the run has an estimate for (PASS, and PRUNED: the cascade keeps
+their estimates), so it is only as good as the run's own data, and it is
 never a verdict: a child it ranks first is still judged in full, and a child it ranks last is
 simply not bred this generation. Deterministic: numpy least squares, no randomness.
 """
@@ -21,11 +22,15 @@ RIDGE = 1e-2
 
 
 def features(source: str, edits: list[dict[str, Any]], operators: list[str],
-             tunables: list[str]) -> np.ndarray:
+             tunables: list[str], pairs: list[tuple[str, str]] = ()) -> np.ndarray:
     values = read_tunables(source)
+    logs = {t: math.log2(values[t]) if values.get(t, 0) > 0 else 0.0 for t in tunables}
     used = {e.get("op") for e in edits}
     row = [1.0]
-    row += [math.log2(values[t]) if values.get(t, 0) > 0 else 0.0 for t in tunables]
+    row += [logs[t] for t in tunables]
+    # A block shape's aspect: how far apart two sizes are, which no weighted sum of their logs
+    # can say (a square block may pay where either side alone does not).
+    row += [abs(logs.get(a, 0.0) - logs.get(b, 0.0)) for a, b in pairs]
     row += [1.0 if op in used else 0.0 for op in operators]
     return np.asarray(row)
 
@@ -33,8 +38,10 @@ def features(source: str, edits: list[dict[str, Any]], operators: list[str],
 class Surrogate:
     """Fit on (source, edits, cycles); predict log-cycles for new (source, edits)."""
 
-    def __init__(self, operators: list[str], tunables: list[str], min_points: int = 6) -> None:
+    def __init__(self, operators: list[str], tunables: list[str], min_points: int = 6,
+                 pairs: list[tuple[str, str]] = ()) -> None:
         self.operators, self.tunables, self.min_points = list(operators), list(tunables), min_points
+        self.pairs = list(pairs)
         self.rows: list[np.ndarray] = []
         self.targets: list[float] = []
         self.seen: set[str] = set()
@@ -44,7 +51,7 @@ class Surrogate:
         if key in self.seen or not cycles:
             return
         self.seen.add(key)
-        self.rows.append(features(source, edits, self.operators, self.tunables))
+        self.rows.append(features(source, edits, self.operators, self.tunables, self.pairs))
         self.targets.append(math.log(cycles))
         self.coef = None
 
@@ -59,4 +66,4 @@ class Surrogate:
             reg = RIDGE * np.eye(x.shape[1])
             reg[0, 0] = 0.0                      # the intercept is not shrunk
             self.coef = np.linalg.solve(x.T @ x + reg, x.T @ y)
-        return float(features(source, edits, self.operators, self.tunables) @ self.coef)
+        return float(features(source, edits, self.operators, self.tunables, self.pairs) @ self.coef)

@@ -46,20 +46,34 @@ def mutate(parent: Individual, task: Any, rng: random.Random, generation: int, m
                       operator=name, params=params, generation=generation)
 
 
+def covering_shapes(values: list[list[int]], current: tuple[int, ...], rng: random.Random) -> list[tuple[int, ...]]:
+    """Every combination of ``values`` but ``current``, ordered so that the first ones cover each
+    tunable's legal values: first the values paired by rank (the smallest of each together, then
+    the next: the seed's shape scaled, where every tunable has as many values), then the rest at
+    random. A small first population so spans every size of every tunable, not a random corner."""
+    if not values:
+        return []
+    longest = max(len(v) for v in values)
+    ranked = [tuple(v[min(i * len(v) // longest, len(v) - 1)] for v in values) for i in range(longest)]
+    ranked = [s for s in dict.fromkeys(ranked) if s != current]
+    rest = [s for s in itertools.product(*values) if s != current and s not in ranked]
+    rng.shuffle(ranked)
+    rng.shuffle(rest)
+    return ranked + rest
+
+
 def block_shapes(seed: Individual, task: Any, rng: random.Random, count: int, generation: int = 0,
                  max_chain: int = 1, chained: float = 0.75, operators: list | None = None) -> list[Individual]:
     """``count`` children of the seed with distinct block shapes (the values of the seed's tunables
-    that the task declares legal values for, e.g. (BLOCK_Q, BLOCK_KV)), drawn without replacement
-    from every legal combination; with probability ``chained`` each is followed by a chain of 1..max_chain-1
+    that the task declares legal values for, e.g. (BLOCK_Q, BLOCK_KV)), in :func:`covering_shapes`'
+    order; with probability ``chained`` each is followed by a chain of 1..max_chain-1
     other operators, drawn to cover every operator before any repeats: a first population that
     spans the block shapes and tells the search (and its surrogate) what each operator does."""
     from mutations import get_operator, legal_values, read_tunables
 
     current = read_tunables(seed.source)
     names = [n for n in current if task.legal_values(n) is not None]     # in the source's order
-    shapes = [s for s in itertools.product(*(legal_values(n, task) for n in names))
-              if s != tuple(current[n] for n in names)] if names else []
-    rng.shuffle(shapes)
+    shapes = covering_shapes([legal_values(n, task) for n in names], tuple(current[n] for n in names), rng)
     blocks = get_operator("block_sizes")
     pool = all_operators() if operators is None else operators
     used = {op.name: 0 for op in pool if op.name != "block_sizes"}

@@ -33,6 +33,7 @@ def test_evaluations_to_target_and_kernel_tuner_score():
 def test_a_tiny_bench_reports_every_strategy_and_judges_the_seed_once(tmp_path):
     data, out = tmp_path / "data", tmp_path / "out"
     r = evolve("bench", "--shape", "B=1,H=2,N=256,D=128", "--strategies", "ga,random", "--budget", "3",
+               "--repeats", "1",
                "--data-dir", str(data), "--out", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "| ga | 1 |" in r.stdout and "| random | 1 |" in r.stdout and "compiler_estimate" in r.stdout
@@ -58,3 +59,17 @@ def test_bench_bad_input_is_one_line_exit_2(tmp_path, args, fragment):
     r = evolve("bench", *args, "--data-dir", str(tmp_path / "d"))
     assert r.returncode == 2 and fragment in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "d").exists()
+
+
+def test_repeats_report_a_median_and_quartiles():
+    trials = [_trial("ga", [1.0, c], 100.0 / c, r) for r, c in enumerate([1.0, 2.0, 3.0, 4.0, 5.0])]
+    trials += [_trial("random", [1.0, 1.0], 100.0, r) for r in range(5)]
+    s = summarise(trials, budget=2)
+    ga = s["strategies"]["ga"]
+    assert ga["final_speedup_spread"] == (3.0, 2.0, 4.0)
+    # Target 95% of 5.0: only the last repeat reached it (at 2); the others count as budget + 1.
+    assert ga["evaluations_spread"] == (3.0, 3.0, 3.0) and ga["reached_target"] == "1/5"
+    from evolve.bench import format_table
+
+    table = format_table(s, 2)
+    assert "3.000 [2.000, 4.000]" in table and ">2 [>2, >2]" in table

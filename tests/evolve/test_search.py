@@ -189,3 +189,57 @@ def test_replaying_a_recombined_history_drops_the_edits_that_do_nothing():
     assert kept == [edits[0], edits[3]]
     assert read_tunables(source) == {"BLOCK_Q": 256, "BLOCK_KV": 512}
     assert replay(SEED.source, kept, TASK).source == source
+
+
+def test_the_first_population_covers_every_legal_size_of_each_block():
+    from evolve.variation import block_shapes
+
+    for rng_seed in range(3):
+        children = block_shapes(SEED, TASK, random.Random(rng_seed), 5, max_chain=1)
+        sizes = [(read_tunables(c.source)["BLOCK_Q"], read_tunables(c.source)["BLOCK_KV"]) for c in children]
+        legal = set(TASK.legal_values("BLOCK_Q"))          # 128..2048; the seed is 128 x 128
+        assert {q for q, _ in sizes} | {128} == legal and {kv for _, kv in sizes} | {128} == legal
+        assert len(set(sizes)) == 5
+
+
+def test_a_child_that_failed_for_want_of_vmem_is_repaired_next():
+    search = _search()
+    big = _judged(_with_blocks(2048, 2048), Status.FAIL_VMEM, None, None)
+    search.record([big])
+    child = search.breed_one(10, 1)
+    assert child.parent_ids == (big.id,) and child.operator == "vmem_limit"
+    assert child.edits == big.edits + [{"op": "vmem_limit", "params": {"mib": 96}}]
+    assert read_tunables(child.source)["VMEM_LIMIT_BYTES"] == 96 * 1024 * 1024
+    assert search.repairs == [] and child.id in search.seen
+    # Repaired at the largest limit already: nothing left to repair, the next child is bred.
+    search.record([_judged(child, Status.FAIL_VMEM, None, None)])
+    assert search.repair(1) is None
+
+
+def test_the_pool_keeps_the_best_of_other_block_shapes_alive():
+    search = _search(population=4, hall_of_fame=1, niches=1)
+    best = _judged(_with_blocks(1024, 1024), Status.PASS, 150_000, 4.0)
+    other_shape = _judged(_with_blocks(2048, 2048), Status.PASS, 250_000, 2.4)
+    recent = [_judged(_with_blocks(q, kv), Status.PASS, 300_000, 2.0)
+              for q, kv in [(512, 1024), (256, 1024), (1024, 512)]]
+    for ind in [best, other_shape, *recent]:
+        search.record([ind])
+        search.taken.append(ind)
+    pool = search.pool()
+    # The champion (the hall of fame keeps a copy), then the next-best shape stays in reach.
+    assert [i.id for i in pool] == [best.id, other_shape.id] + [i.id for i in recent[-2:]]
+    assert [i.id for i in _search(population=4, hall_of_fame=1).pool()] == []
+
+
+def test_the_surrogate_sees_a_square_block_apart_from_its_sides():
+    pairs = [("BLOCK_Q", "BLOCK_KV")]
+    s = Surrogate(operator_names(), ["BLOCK_Q", "BLOCK_KV"], min_points=3, pairs=pairs)
+    flat = Surrogate(operator_names(), ["BLOCK_Q", "BLOCK_KV"], min_points=3)
+    # Square blocks are fast, any non-square one slow: no weighting of the two sizes says so.
+    for q, kv in [(256, 256), (512, 512), (1024, 1024), (256, 1024), (1024, 256), (512, 2048), (2048, 512)]:
+        ind = _with_blocks(q, kv)
+        for model in (s, flat):
+            model.add(ind.id, ind.source, ind.edits, 100_000 if q == kv else 400_000)
+    square, skewed = _with_blocks(2048, 2048), _with_blocks(256, 512)
+    assert s.predict(square.source, square.edits) < s.predict(skewed.source, skewed.edits)
+    assert flat.predict(square.source, square.edits) > flat.predict(skewed.source, skewed.edits)
