@@ -45,6 +45,9 @@ SCHEMA = pa.schema(
         pa.field("secret_sets", pa.int64()),
         pa.field("wall_time_s", pa.float64()),
         pa.field("from_archive", pa.bool_()),   # this run took the verdict from the archive
+        # Where the run's first kernel came from (evolve/start.py's label: the seed, a module with its
+        # distribution and version, or a file; each with the source's sha256); null in older archives.
+        pa.field("start", pa.string()),
         pa.field("log_tail", pa.string()),
         pa.field("evaluated_at", pa.timestamp("us", tz="UTC"), nullable=False),
     ]
@@ -119,14 +122,16 @@ def make_row(*, run_id: str, source: str, result: EvalResult, task_key: str, gen
              parent_ids: list[str] | tuple[str, ...] = (), operator: str | None = None,
              params: dict | None = None, edits: list[dict] | None = None,
              tunables: dict | None = None, chip: str | None = None,
-             evaluated_at: dt.datetime | None = None, from_archive: bool = False) -> dict[str, Any]:
+             evaluated_at: dt.datetime | None = None, from_archive: bool = False,
+             start: str | None = None) -> dict[str, Any]:
     """The archive row of one evaluation (``chip`` defaults to the result's provenance chip;
-    ``from_archive``: the verdict was read back, not judged, so its seconds were not spent here)."""
+    ``from_archive``: the verdict was read back, not judged, so its seconds were not spent here;
+    ``start``: the label of the kernel the run started from)."""
     data = result.to_dict()
     data.update(run_id=run_id, source=source, task_key=task_key, generation=generation,
                 parent_ids=list(parent_ids), operator=operator, params=params or {},
                 edits=edits or [], tunables=tunables or {}, evaluated_at=evaluated_at,
-                from_archive=from_archive)
+                from_archive=from_archive, start=start)
     data["chip"] = chip if chip is not None else data.get("chip")
     return normalize_row(data)
 

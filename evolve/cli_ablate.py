@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 
 from evolve.cli_common import Command, add_json_alias, print_json
-from evolve.cli_eval import load_seed_arg, task_from_args
+from evolve.cli_eval import check_tiling, load_seed_arg, start_from_args, task_from_args
 from evolve.errors import UsageError
 
 
 class AblateCommand(Command):
     name = "ablate"
     help = "the seed, each operator alone, all together over a grid of knobs, and JAX's kernel"
-    parents = ("format", "task", "executor")
+    parents = ("format", "task", "executor", "start")
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--no-jax", "--no-peers", dest="no_jax", action="store_true",
@@ -28,6 +28,8 @@ class AblateCommand(Command):
 
         task = task_from_args(args)
         seed = load_seed_arg(args.seed)
+        start = start_from_args(args, seed)
+        check_tiling(start.source, task)
         settings = JudgeSettings(chip=args.chip, workers=args.workers or 0, executor=args.executor or "local",
                                  ray_address=args.ray_address or "")
         try:
@@ -36,11 +38,11 @@ class AblateCommand(Command):
             raise UsageError(str(exc)) from None
         peers = {} if args.no_jax else seed.peer_paths(ablation=True)
         with open_executor(settings) as executor:
-            rows = run_ablation(judge, seed.kernel_source, task, peers=peers, executor=executor)
-        if args.format == "json":
-            print_json(ablation_json(rows, task, judge))
+            rows = run_ablation(judge, start.source, task, peers=peers, executor=executor)
+        if args.format == "json":     # every row names the kernel the ablation started from
+            print_json([{**row, "start": start.label} for row in ablation_json(rows, task, judge)])
         else:
-            print(format_ablation(rows, task, judge))
+            print(f"start ('seed' below): {start.label}\n" + format_ablation(rows, task, judge))
         return 0
 
 

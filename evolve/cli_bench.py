@@ -16,7 +16,7 @@ class BenchCommand(Command):
     help = "search strategies side by side on one task and budget"
     description = ("Search strategies side by side on one task, budget and judge; every strategy shares "
                    "the archive of --data-dir (a kernel one strategy judged is read back for the others).")
-    parents = ("data_dir", "task", "executor")
+    parents = ("data_dir", "task", "executor", "start")
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--strategies", default="ga,ratchet,random", help="comma-separated: ga, ratchet, random")
@@ -32,6 +32,7 @@ class BenchCommand(Command):
         from evolve.cli_run import _config_from_args
         from evolve.cli_store import archive_at
         from evolve.executor import open_executor
+        from evolve.start import resolve_start
         from evolve.strategies import strategy_class
 
         strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
@@ -48,6 +49,7 @@ class BenchCommand(Command):
         base = _config_from_args(args)
         base = dataclasses.replace(base, search=dataclasses.replace(base.search, budget=args.budget))
         base.task.task()
+        resolve_start(base.task.start, base.task.load_seed())    # a bad --start: one line, nothing stored
         archive_at(args.data_dir, create=True)
         with open_executor(base.judge) as executor:     # one for every trial
             return self._bench(args, base, strategies, executor)

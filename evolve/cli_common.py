@@ -26,7 +26,7 @@ class Command:
     name: ClassVar[str]
     help: ClassVar[str]
     description: ClassVar[str | None] = None     # the command's --help text (default: help)
-    parents: ClassVar[tuple[str, ...]] = ()      # shared options: "data_dir", "format"
+    parents: ClassVar[tuple[str, ...]] = ()      # shared options: "data_dir", "format", "start", ...
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         """Add the command's own arguments (the shared ones come from ``parents``)."""
@@ -102,8 +102,19 @@ def executor_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def start_parser() -> argparse.ArgumentParser:
+    """``--start``: the kernel to start from instead of the seed's own (evolve/start.py)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--start", default=None, metavar="MODULE_OR_FILE",
+                        help="start from this kernel instead of the seed's kernel.py: a short name the seed "
+                             "declares ('evolve seeds', e.g. jax), an importable module (its source is read "
+                             "from the installed package, e.g. jax.experimental.pallas.ops.tpu.flash_attention) "
+                             "or a file")
+    return parser
+
+
 PARENT_PARSERS = {"data_dir": data_dir_parser, "format": format_parser, "task": task_parser,
-                  "timing": timing_parser, "executor": executor_parser}
+                  "timing": timing_parser, "executor": executor_parser, "start": start_parser}
 
 
 def shared_parents() -> dict[str, argparse.ArgumentParser]:

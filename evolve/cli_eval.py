@@ -33,6 +33,16 @@ def task_from_args(args: argparse.Namespace, default_seed: str = "flash_attentio
                       chips=args.chips).task()
 
 
+def start_from_args(args: argparse.Namespace, seed, path: str | None = None):
+    """The kernel a command starts from (evolve/start.py): its FILE argument ``path`` or
+    ``--start``, not both; neither: the seed's own kernel."""
+    from evolve.start import resolve_start
+
+    if path and args.start:
+        raise UsageError(f"two kernels given ({path} and --start {args.start}); give a FILE or --start, not both")
+    return resolve_start(path, seed, file=True) if path else resolve_start(args.start, seed)
+
+
 def check_tiling(source: str, task) -> None:
     """Refuse at once a shape the kernel's tunables cannot tile (bad input, not a bad kernel); the
     rule is the seed's task's."""
@@ -84,11 +94,12 @@ def format_table(result: EvalResult, path: str, task) -> str:
 class EvalCommand(Command):
     name = "eval"
     help = "judge one kernel file against the seed's task"
-    parents = ("format", "task", "timing")
+    parents = ("format", "task", "timing", "start")
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("path", help="a kernel file defining the seed's entry point (flash_attention(q, k, v, "
-                                         "*, causal, sm_scale) for the default seed)")
+        parser.add_argument("path", nargs="?", default=None,
+                            help="a kernel file defining the seed's entry point (flash_attention(q, k, v, "
+                                 "*, causal, sm_scale) for the default seed); or name it with --start")
         add_json_alias(parser, help="print one JSON object instead of a table (the same as --format json)")
 
     def take_action(self, args: argparse.Namespace) -> int:
@@ -97,18 +108,18 @@ class EvalCommand(Command):
 
         task = task_from_args(args)
         wanted = f"defines the seed's entry point {task.entry}({', '.join(task.input_names)}, ...)"
-        path = Path(args.path)
-        if not path.is_file():
+        if not args.path and not args.start:
+            raise UsageError(f"a kernel is required: give the path of a Python file that {wanted}, or "
+                             "--start MODULE_OR_FILE")
+        if args.path and not Path(args.path).is_file():
             raise UsageError(f"no kernel file at {args.path}; give the path of a Python file that {wanted}")
+        start = start_from_args(args, load_seed_arg(args.seed), args.path)
+        source, shown = start.source, args.path or start.label
         try:
-            source = path.read_text()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UsageError(f"cannot read {args.path}: {exc}") from None
-        try:
-            compile(source, str(path), "exec")
+            compile(source, start.path, "exec")
         except (SyntaxError, ValueError) as exc:
             where = f" (line {exc.lineno})" if getattr(exc, "lineno", None) else ""
-            raise UsageError(f"{args.path} is not Python{where}; give the path of a Python file that "
+            raise UsageError(f"{shown} is not Python{where}; give the path of a Python file that "
                              f"{wanted}") from None
         check_tiling(source, task)
         try:
@@ -117,9 +128,9 @@ class EvalCommand(Command):
             raise UsageError(str(exc)) from None
         result = judge.evaluate(source, task)
         if args.format == "json":
-            print_json(result.to_dict(), indent=None)
+            print_json({**result.to_dict(), "start": start.record()}, indent=None)
         else:
-            print(format_table(result, str(path), task))
+            print(format_table(result, shown, task))
         return 0 if result.ok else 1
 
 

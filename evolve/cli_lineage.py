@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from evolve.cli_common import Command, print_json
-from evolve.cli_store import archive_at, lineage_json, resolve_id, run_meta
+from evolve.cli_store import archive_at, lineage_json, resolve_id, run_meta, start_label
 from evolve.errors import UsageError
 
 
@@ -50,9 +50,12 @@ class LineageCommand(Command):
         if args.format == "json":
             picture = self.draw(archive, args, chain, run_id) if args.out else None
             print_json({"individual_id": args.id, "run_id": run_id, "task_key": chain[-1].get("task_key"),
-                        "chain": lineage_json(chain), "picture": str(picture) if picture else None,
+                        "start": start_label(chain[0]), "chain": lineage_json(chain),
+                        "picture": str(picture) if picture else None,
                         "picture_kind": ("family_tree" if args.tree else "lineage") if picture else None})
             return 0
+        if start_label(chain[0]):
+            print(f"start (the 'seed' below): {start_label(chain[0])}")
         prev = None
         for step in lineage_json(chain):
             sp = step["speedup_vs_reference"]

@@ -40,11 +40,12 @@ class MutateCommand(Command):
     help = "apply mutation operators to a kernel source and print the diff"
     description = ("Apply mutation operators in order to a kernel source; print the unified diff "
                    "(or write the result with --out). Exit 2 when an operator does not apply.")
-    parents = ("task",)   # the task the preconditions check against
+    parents = ("task", "start")   # the task the preconditions check against; the kernel
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("path", metavar="PATH",
-                            help="kernel source file (e.g. seeds/flash_attention/kernel.py)")
+        parser.add_argument("path", metavar="PATH", nargs="?", default=None,
+                            help="kernel source file (e.g. seeds/flash_attention/kernel.py); or name the "
+                                 "kernel with --start")
         parser.add_argument("--op", dest="ops", action="append", required=True, metavar="NAME",
                             help="operator to apply (repeatable; applied in order); see 'evolve ops'")
         parser.add_argument("--rng-seed", type=int, default=0, metavar="N",
@@ -53,7 +54,7 @@ class MutateCommand(Command):
 
     def take_action(self, args: argparse.Namespace) -> int:
         # Errors are returned, not raised: this command also runs outside evolve.cli.main.
-        from evolve.cli_eval import task_from_args
+        from evolve.cli_eval import load_seed_arg, start_from_args, task_from_args
         from evolve.errors import UsageError
         from mutations import get_operator
 
@@ -61,15 +62,21 @@ class MutateCommand(Command):
             operators = [get_operator(name) for name in args.ops]
         except KeyError as exc:
             return _error(str(exc.args[0]))
-        path = Path(args.path)
-        try:
-            original = path.read_text()
-        except OSError as exc:
-            return _error(f"cannot read {path}: {exc.strerror or exc}")
+        if not args.path and not args.start:
+            return _error("a kernel is required: give a kernel file PATH or --start MODULE_OR_FILE")
+        if args.path:
+            try:
+                Path(args.path).read_text()
+            except (OSError, UnicodeDecodeError) as exc:
+                return _error(f"cannot read {args.path}: {getattr(exc, 'strerror', None) or exc}")
         try:
             task = task_from_args(args)
+            start = start_from_args(args, load_seed_arg(args.seed), args.path)
         except UsageError as exc:
             return _error(str(exc))
+        original = start.source
+        path = Path(args.path) if args.path else Path(start.name.replace(".", "/") + ".py"
+                                                      if start.kind == "module" else start.path)
 
         rng = random.Random(args.rng_seed)
         source = original

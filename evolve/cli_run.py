@@ -19,7 +19,8 @@ def _config_from_args(args: argparse.Namespace):
         "search": {"population": args.population, "generations": args.generations,
                    "rng_seed": args.rng_seed, "prune_factor": args.prune_factor, "lag": args.lag},
         "task": {"seed": args.seed, "shape": args.shape, "causal": args.causal,
-                 "dtype": getattr(args, "dtype", None), "chips": getattr(args, "chips", None)},
+                 "dtype": getattr(args, "dtype", None), "chips": getattr(args, "chips", None),
+                 "start": getattr(args, "start", None)},
         "judge": {"chip": args.chip, "workers": args.workers, "peers": args.peers,
                   "timing": getattr(args, "timing", None), "executor": args.executor,
                   "ray_address": args.ray_address},
@@ -43,6 +44,7 @@ def _report(run, champion) -> None:
 
     print(f"\nrun {run.run_id}  task {run.task.key}  timing: {run.prov.timing_source} "
           f"(chip {run.prov.chip}, libtpu {run.prov.libtpu_version})")
+    print(f"start: {run.start_from.label}")
     if champion is None:
         print("no kernel passed the judge")
         return
@@ -78,7 +80,7 @@ def _report(run, champion) -> None:
 class RunCommand(Command):
     name = "run"
     help = "start an evolution run"
-    parents = ("data_dir", "task", "timing", "executor")
+    parents = ("data_dir", "task", "timing", "executor", "start")
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         p = parser
@@ -100,8 +102,10 @@ class RunCommand(Command):
         from evolve.executor import open_executor
         from evolve.run import EvolutionRun
 
+        from evolve.start import resolve_start
+
         config = _config_from_args(args)
-        check_tiling(config.task.load_seed().kernel_source, config.task.task())
+        check_tiling(resolve_start(config.task.start, config.task.load_seed()).source, config.task.task())
         archive_at(args.data_dir, create=True)
         with open_executor(config.judge) as executor:
             run = EvolutionRun(config, args.data_dir, executor=executor)
@@ -125,10 +129,12 @@ class ResumeCommand(Command):
         from evolve.config import RunConfig
         from evolve.executor import open_executor
         from evolve.run import EvolutionRun
+        from evolve.start import check_same_start, resolve_start
 
         archive = archive_at(args.data_dir)
         meta = run_meta(archive, args.run)
         config = with_executor(RunConfig.from_dict(meta["config"]), args.executor, args.ray_address)
+        check_same_start(meta.get("start"), resolve_start(config.task.start, config.task.load_seed()), args.run)
         with open_executor(config.judge) as executor:
             run = EvolutionRun(config, args.data_dir, run_id=args.run, strategy=meta.get("strategy", "ga"),
                                executor=executor)

@@ -12,6 +12,7 @@ class SeedsCommand(Command):
     help = "list the seeds known by name (built in, or from installed packages) and their default tasks"
 
     def take_action(self, args: argparse.Namespace) -> int:
+        from evolve.start import declared_starts, installed_version
         from seeds import builtin_seeds, load_seed
 
         for name in builtin_seeds():
@@ -21,7 +22,13 @@ class SeedsCommand(Command):
                   f"  --shape grammar: {seed.task_class.shape_grammar}; entry point: "
                   f"{seed.task_class.entry}({', '.join(seed.task_class.input_names)}, ...)\n"
                   f"  directory: {seed.directory}")
-        print("\nAny other seed: a directory with task.py and kernel.py, passed as --seed PATH "
+            for short, module in declared_starts(seed).items():
+                distribution, version = installed_version(module)
+                where = f"{distribution} {version} installed" if distribution else "not installed"
+                print(f"  start {short}: {module} ({where}); --start {short}")
+        print("\nA run may start from any other kernel too: --start MODULE_OR_FILE (an importable module, "
+              "read from its installed package, or a file); the seed's task judges it.")
+        print("Any other seed: a directory with task.py and kernel.py, passed as --seed PATH "
               "(see 'The seed contract' in the README).")
         return 0
 

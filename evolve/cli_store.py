@@ -76,6 +76,8 @@ def champion_line(archive, run_id: str, meta: dict) -> str:
                                     f"{int(cycles):,} estimated cycles" if cycles else "")
                         if x)
     path = " -> ".join(["seed", *(edit_label(r) for r in chain[1:])])
+    start = start_label(chain[0])
+    path += f"\n  start ('seed' above): {start}" if start else ""
     return (f"champion: {champion_id} ({figures})\n  {path}\n"
             f"  'evolve lineage {champion_id}' draws it; 'evolve promote {run_id}' writes it out")
 
@@ -107,9 +109,17 @@ def lineage_json(chain: list[dict]) -> list[dict]:
             "speedup_vs_reference": speedup,
             "speedup_over_parent": speedup / prev if speedup and prev else None,
             "timing_source": row.get("timing_source"), "chip": row.get("chip"),
-            "libtpu_version": row.get("libtpu_version"), "task_key": row.get("task_key")})
+            "libtpu_version": row.get("libtpu_version"), "task_key": row.get("task_key"),
+            "start": start_label(row)})
         prev = speedup or prev
     return out
+
+
+def start_label(row: dict) -> str | None:
+    """The kernel a row's run started from (the archive's ``start`` column; None in runs older
+    than the column)."""
+    value = row.get("start")
+    return value if isinstance(value, str) and value else None
 
 
 _UI_RUN_NAME = re.compile(r"^g\d{3,}-(?P<id>[0-9a-f]+)$")

@@ -66,13 +66,15 @@ class SearchConfig:
 class TaskConfig:
     """The seed (a built-in name or a seed directory's path) and its problem. ``shape`` None: the
     seed's default; ``causal`` and ``dtype`` None: the seed's default (not every seed has them);
-    ``chips`` None: one chip (more only for a seed whose tasks offer a mesh: ``mesh_sizes``)."""
+    ``chips`` None: one chip (more only for a seed whose tasks offer a mesh: ``mesh_sizes``);
+    ``start`` None: the seed's kernel.py, else the kernel the run starts from (evolve/start.py)."""
 
     seed: str = "flash_attention"
     shape: str | None = None
     causal: bool | None = None
     dtype: str | None = None
     chips: int | None = None
+    start: str | None = None
 
     def __post_init__(self) -> None:
         self.load_seed()

@@ -26,6 +26,7 @@ from evolve.config import RunConfig
 from evolve.individual import Individual
 from evolve.executor import Executor, open_executor
 from evolve.search import Search
+from evolve.start import resolve_start
 from evolve.strategies import strategy_class
 from mlflow_runs import Tracker, ensure_store
 from mutations import read_tunables
@@ -84,7 +85,8 @@ class EvolutionRun:
         self.run_id = run_id or new_run_id()
         self.seed = config.task.load_seed()
         self.task = config.task.task()
-        self.seed_source = self.seed.kernel_source
+        self.start_from = resolve_start(config.task.start, self.seed)   # the seed's kernel, or --start's
+        self.seed_source = self.start_from.source
         self.judge = Judge(self.config.judge.judge_config(self.data_dir))
         ensure_store(self.data_dir)           # the schema, once, before any worker starts
         self.tracker = Tracker(self.data_dir)
@@ -111,7 +113,8 @@ class EvolutionRun:
             tunables = {}
         return make_row(run_id=self.run_id, source=ind.source, result=result, task_key=self.task.key,
                         generation=ind.generation, parent_ids=list(ind.parent_ids), operator=ind.operator,
-                        params=ind.params, edits=ind.edits, tunables=tunables, from_archive=from_archive)
+                        params=ind.params, edits=ind.edits, tunables=tunables, from_archive=from_archive,
+                        start=self.start_from.label)
 
     def _evaluate_one(self, ind: Individual) -> tuple[EvalResult, bool, dict]:
         """Runs on an executor's worker: the archive's verdict, else the sandboxed judge's."""
@@ -160,7 +163,7 @@ class EvolutionRun:
     def _meta(self, status: str) -> dict[str, Any]:
         return {"config": self.config.to_dict(), "task_key": self.task.key, "status": status,
                 "data_dir": str(self.data_dir), "timing_source": self.prov.timing_source,
-                "chip": self.prov.chip, "strategy": self.strategy, **versions()}
+                "chip": self.prov.chip, "strategy": self.strategy, "start": self.start_from.record(), **versions()}
 
     def _judge_peers(self) -> None:
         # The strongest alternatives a user has (the seed names them), judged by the same judge.
@@ -189,14 +192,14 @@ class EvolutionRun:
 
     def start(self) -> Individual | None:
         self.archive.write_run_meta(self.run_id, self._meta("running"))
-        self.tracker.start_run(self.run_id, self.task.key, self.config.to_dict())
+        self.tracker.start_run(self.run_id, self.task.key, self.config.to_dict(), start=self.start_from.record())
         return self._search_all()
 
     def resume(self) -> Individual | None:
         """Replay the run from its start: every verdict it already has comes back from the
         archive (nothing is judged twice), so the replay reaches the state the run had, and goes
         on from there with the same choices the uninterrupted run would have made."""
-        self.tracker.start_run(self.run_id, self.task.key, self.config.to_dict())
+        self.tracker.start_run(self.run_id, self.task.key, self.config.to_dict(), start=self.start_from.record())
         rows = self.archive.evaluations(self.run_id)
         if not rows.empty:
             self.in_run.update(rows["individual_id"])

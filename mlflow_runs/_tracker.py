@@ -138,8 +138,11 @@ class Tracker:
         return self.safe.call(getattr(self.client, method), *args, **kwargs)
 
     # ---- the evolution run -----------------------------------------------------------------
-    def start_run(self, run_id: str, task_key: str, config: dict[str, Any]) -> None:
-        """Open (or, on resume, reopen) the parent run of ``run_id`` in the experiment ``task_key``."""
+    def start_run(self, run_id: str, task_key: str, config: dict[str, Any],
+                  start: dict[str, Any] | None = None) -> None:
+        """Open (or, on resume, reopen) the parent run of ``run_id`` in the experiment ``task_key``;
+        its params: the run's configuration and ``start`` (where its first kernel came from:
+        ``start.name``, ``start.version``, ...)."""
         self.run_id = run_id
         if self.client is None:
             return
@@ -160,7 +163,9 @@ class Tracker:
         self.parent_run_id = run.info.run_id
         from mlflow.entities import Param
 
-        params = [Param(k, v) for k, v in sorted(_flatten("", config or {}, {}).items())]
+        values = _flatten("", config or {}, {})
+        _flatten("start", {k: v for k, v in (start or {}).items() if v not in (None, "")}, values)
+        params = [Param(k, v) for k, v in sorted(values.items())]
         for start in range(0, len(params), 100):
             self._call("log_batch", self.parent_run_id, params=params[start:start + 100])
 
@@ -212,7 +217,7 @@ class Tracker:
                 "parent_ids": ",".join(parent_ids),
                 "parent_run_ids": ",".join(self._parent_run_ids(parent_ids)),
                 "generation": str(generation)}
-        for key in ("status", "timing_source", "chip", "libtpu_version", "operator", "task_key", "stage"):
+        for key in ("status", "timing_source", "chip", "libtpu_version", "operator", "task_key", "stage", "start"):
             value = _clean(row.get(key))
             if value not in (None, ""):
                 tags[key] = str(value)[:_MAX_PARAM]
@@ -341,7 +346,7 @@ class Tracker:
         if rows.empty and not meta:
             return {"logged": 0, "skipped": 0, "generations": 0}
         task_key = meta.get("task_key") or (rows["task_key"].iloc[0] if not rows.empty else "unknown")
-        self.start_run(run_id, task_key, meta.get("config") or {})
+        self.start_run(run_id, task_key, meta.get("config") or {}, start=meta.get("start"))
         done = self._logged_rows()
         everything = archive.evaluations()
         sources = dict(zip(everything["individual_id"], everything["source"], strict=True))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from ._base import NotApplicable
 from ._cst import TUNABLE_PREFIXES, assigned_name
 
 
@@ -56,7 +57,8 @@ def read_tunables(source: str) -> dict[str, int]:
 
 def set_tunable(module: cst.Module, name: str, value_code: str,
                 comment: str | None = None) -> cst.Module:
-    """Set ``NAME = value_code`` at module level; insert it after the last tunable if absent."""
+    """Set ``NAME = value_code`` at module level; insert it after the last tunable if absent (a
+    module with none, e.g. a kernel whose blocks are arguments: NotApplicable, not a failure)."""
     value = cst.parse_expression(value_code)
     body = list(module.body)
     for i, stmt in enumerate(body):
@@ -71,7 +73,7 @@ def set_tunable(module: cst.Module, name: str, value_code: str,
         if pair is not None and _is_tunable(pair[0]):
             last = i
     if last is None:
-        raise ValueError("no module-level tunable to insert a new one after")
+        raise NotApplicable(f"no module-level tunable (BLOCK_*, ...) to place {name} after")
     line = cst.parse_statement(f"{name} = {value_code}\n")
     if comment:
         line = line.with_changes(trailing_whitespace=cst.TrailingWhitespace(

@@ -52,6 +52,10 @@ class SeedTask:
     peers: ClassVar[dict[str, str]] = {}
     # More outside kernels that `evolve ablate` shows beside those.
     ablation_peers: ClassVar[dict[str, str]] = {}
+    # Kernels people already run that a search may start from instead of kernel.py (``--start
+    # NAME``): short name -> an importable module's dotted name, read from the installed package at
+    # run time (evolve/start.py). ``evolve seeds`` lists them.
+    starts: ClassVar[dict[str, str]] = {}
     # Small problems for tests, label -> (--shape, options): quick to rewrite, small enough for the
     # judge's interpret-mode check. The seed contract suite and the operator suite run every seed at
     # "small" (which every seed must have) and at each other one.

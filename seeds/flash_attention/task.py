@@ -48,6 +48,7 @@ class Task(SeedTask):
     correctness_inputs = (("normal", 0), ("outliers", 1), ("tempered", 2))
     peers = {"JAX flash_attention (tuned blocks)": "../../examples/jax_flash_attention_tuned.py"}
     ablation_peers = {"JAX flash_attention (default blocks)": "../../examples/jax_flash_attention.py"}
+    starts = {"jax": "jax.experimental.pallas.ops.tpu.flash_attention"}   # JAX's own, at its default blocks
     test_tasks = {"small": ("B=1,H=2,N=256,D=128", {}), "small-full": ("B=1,H=2,N=256,D=128", {"causal": False})}
 
     batch: int = 1
