@@ -310,3 +310,27 @@ def add_call_kwarg(call: cst.Call, name: str, value: str) -> cst.Call:
 
 def iter_calls(node: cst.CSTNode, func: str) -> Iterator[cst.Call]:
     yield from find_all(node, lambda n: is_call(n, func))  # type: ignore[misc]
+
+
+# ---- a site's kernel functions (production modules) ------------------------------------------
+def site_kernels(module: cst.Module) -> list[cst.FunctionDef]:
+    """The module-level functions the site's kernel runs: the kernel handed to functools.partial
+    and the functions it calls (JAX's kernel dispatches to a multi-step and a single-step body)."""
+    defs = _sites.definitions(module)
+    out = []
+    for name in _sites.site_functions(module, kernel_name(module)):
+        fn = defs[name]
+        if isinstance(fn, cst.FunctionDef) and not _sites.calls_pallas(fn):
+            out.append(fn)
+    return out
+
+
+def assigned_from(fn: cst.CSTNode, prefixes: tuple[str, ...]) -> set[str]:
+    """Names assigned (``NAME = ...``) from an expression whose code starts with one of
+    ``prefixes`` (e.g. ``jnp.sum(``), anywhere in ``fn``."""
+    out = set()
+    for node in find_all(fn, lambda n: isinstance(n, cst.Assign) and len(n.targets) == 1
+                         and isinstance(n.targets[0].target, cst.Name)):
+        if norm(node.value).startswith(prefixes):  # type: ignore[attr-defined]
+            out.add(node.targets[0].target.value)  # type: ignore[attr-defined]
+    return out
