@@ -35,11 +35,13 @@ BACKWARD = ("_flash_attention_bwd_dkv", "_flash_attention_bwd_dq", "_flash_atten
 # operator -> (parameters, task, definitions its diff may touch beyond the site's functions)
 CASES = {
     "vmem_limit": ({"mib": 64}, SMALL, ()),
-    "approx_reciprocal": ({}, SMALL, ()),
     "exp2_softmax": ({}, SMALL, ()),
     "deferred_norm": ({}, SMALL, ()),
     "block_sizes": ({"shape": {"block_q": 256, "block_k_major": 256, "block_k": 256}}, ROOMY, ("BlockSizes",)),
 }
+# approx_reciprocal takes a normalisation done once: the store's, after deferred_norm.
+CASES["approx_reciprocal"] = ({}, SMALL, ())
+BEFORE = {"approx_reciprocal": [Edit("deferred_norm")]}
 
 
 @pytest.fixture(scope="module")
@@ -71,9 +73,16 @@ def _changed_lines(old: str, new: str) -> list[int]:
     return lines
 
 
+def _start(jax_source: str, op: str) -> str:
+    """JAX's source with the operator's prerequisites applied."""
+    result = replay(jax_source, BEFORE.get(op, []), CASES[op][1])
+    assert result.applied, result.reason
+    return result.source
+
+
 def _apply(jax_source: str, op: str):
     params, task, _ = CASES[op]
-    return get_operator(op).apply_params(jax_source, task, dict(params, site=FORWARD_SITE))
+    return get_operator(op).apply_params(_start(jax_source, op), task, dict(params, site=FORWARD_SITE))
 
 
 # ---- sites -----------------------------------------------------------------------------------
@@ -89,10 +98,11 @@ def test_only_the_forward_site_is_reachable_from_the_entry(jax_source):
 @pytest.mark.parametrize("op", sorted(CASES))
 def test_applies_names_the_site_and_replays(jax_source, op):
     params, task, _ = CASES[op]
-    result = get_operator(op).apply(jax_source, task, random.Random(0))
+    start = _start(jax_source, op)
+    result = get_operator(op).apply(start, task, random.Random(0))
     assert result.applied, result.reason
     assert result.edit.params["site"] == FORWARD_SITE
-    again = replay(jax_source, [result.edit], task)
+    again = replay(start, [result.edit], task)
     assert again.applied and again.source == result.source, again.reason
 
 
@@ -102,10 +112,19 @@ def test_the_diff_touches_only_the_site(jax_source, op):
     assert result.applied, result.reason
     ranges = _line_ranges(jax_source)
     allowed = [ranges[name] for name in (*SITE_FUNCTIONS, *CASES[op][2])]
-    changed = _changed_lines(jax_source, result.source)
+    changed = _changed_lines(jax_source, result.source)    # prerequisites included
     assert changed
     outside = [n for n in changed if not any(lo <= n <= hi for lo, hi in allowed)]
     assert not outside, f"{op} changed lines outside the site: {outside}"
+
+
+def test_the_per_step_inverse_keeps_its_exact_divide(jax_source):
+    # An approximate reciprocal at every kv step compounds (the judge failed it on a tempered
+    # draw); on JAX's kernel as shipped only the single-step body's one normalisation changes.
+    result = get_operator("approx_reciprocal").apply_params(jax_source, SMALL, {})
+    assert result.applied, result.reason
+    assert "jnp.where(l_next == 0.0, 1.0, 1.0 / l_next)" in result.source
+    assert "p *= pl.reciprocal(l, approx=True)" in result.source
 
 
 def test_a_backward_site_is_refused(jax_source):
