@@ -137,39 +137,59 @@ class Operator(abc.ABC):
         return True
 
     # ---- public API -----------------------------------------------------------------------
-    def check(self, source: str, task: Any) -> Applicability:
+    def check(self, source: str, task: Any, site: str | None = None) -> Applicability:
+        """Whether the operator applies to ``source`` for ``task`` (at ``site``: a function
+        calling pl.pallas_call; None: the one reachable from the task's entry point)."""
         try:
-            key = (source, task)
+            key = (source, task, site)
             hash(key)
         except TypeError:             # an unhashable task: no memo
-            return self._check_now(source, task)
+            return self._check_now(source, task, site)
         memo = Operator._memo
         if (self.name, key) not in memo:
             if len(memo) > 4096:
                 memo.clear()
-            memo[(self.name, key)] = self._check_now(source, task)
+            memo[(self.name, key)] = self._check_now(source, task, site)
         return memo[(self.name, key)]
 
-    _memo: ClassVar[dict] = {}       # (operator, source, task) -> Applicability: a pure function
+    _memo: ClassVar[dict] = {}       # (operator, (source, task, site)) -> Applicability: a pure function
 
-    def _check_now(self, source: str, task: Any) -> Applicability:
+    def _check_now(self, source: str, task: Any, site: str | None = None) -> Applicability:
+        from . import _sites
+
         try:
             module = parse(source)
         except cst.ParserSyntaxError as exc:
             return Applicability(False, f"source does not parse: {_one_line(str(exc))}")
         try:
-            return self._check(module, task)
+            with _sites.scope(task, site):
+                return self._check(module, task)
         except NotApplicable as exc:
             return Applicability(False, str(exc))
         except Exception as exc:  # noqa: BLE001 - a precondition must not raise
             return Applicability(False, f"precondition error: {type(exc).__name__}: {exc}")
+
+    def _draw(self, source: str, task: Any, rng: random.Random) -> dict[str, Any]:
+        """``_sample`` in the task's scope; in a module with several pallas_call sites, the
+        parameters name the site (so that the edit replays on it)."""
+        from . import _sites
+
+        module = parse(source)
+        with _sites.scope(task):
+            params = self._sample(module, task, rng)
+            if _sites.several(module):
+                try:
+                    params = {**params, _sites.SITE_PARAM: _sites.wrapper(module).name.value}
+                except NotApplicable:
+                    pass
+        return params
 
     def sample_params(self, source: str, task: Any, rng: random.Random) -> dict[str, Any]:
         """Parameters drawn from ``rng``. Raises ValueError when the operator does not apply."""
         applicability = self.check(source, task)
         if not applicability.ok:
             raise ValueError(f"{self.name} does not apply: {applicability.reason}")
-        return self._sample(parse(source), task, rng)
+        return self._draw(source, task, rng)
 
     def apply(self, source: str, task: Any, rng: random.Random) -> MutationResult:
         """Sample parameters from ``rng``, then rewrite. Never raises."""
@@ -177,7 +197,7 @@ class Operator(abc.ABC):
         if not applicability.ok:
             return MutationResult("not_applicable", source, None, applicability.reason)
         try:
-            params = self._sample(parse(source), task, rng)
+            params = self._draw(source, task, rng)
         except NotApplicable as exc:
             return MutationResult("not_applicable", source, None, str(exc))
         except Exception as exc:  # noqa: BLE001
@@ -191,11 +211,18 @@ class Operator(abc.ABC):
             edit = Edit(self.name, params)
         except (TypeError, ValueError) as exc:
             return MutationResult("failed", source, None, f"parameters are not JSON-able: {exc}")
-        applicability = self.check(source, task)
+        from . import _sites
+
+        params = dict(edit.params)
+        site = params.pop(_sites.SITE_PARAM, None)
+        if site is not None and not isinstance(site, str):
+            return MutationResult("failed", source, edit, f"site={site!r} is not a function's name")
+        applicability = self.check(source, task, site)
         if not applicability.ok:
             return MutationResult("not_applicable", source, edit, applicability.reason)
         try:
-            new_module = self._rewrite(parse(source), task, dict(edit.params))
+            with _sites.scope(task, site):
+                new_module = self._rewrite(parse(source), task, params)
             new_source = new_module.code
             compile(new_source, "<mutated kernel>", "exec")
         except NotApplicable as exc:

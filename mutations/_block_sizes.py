@@ -7,6 +7,8 @@ from typing import Any
 
 import libcst as cst
 
+from . import _block_fields as F
+from . import _sites
 from ._base import APPLICABLE, Applicability, NotApplicable, Operator, parse
 from ._tunables import module_ints, set_tunable
 
@@ -19,6 +21,20 @@ def legal_values(name: str, task: Any) -> list[int]:
 def _tunables(module: cst.Module, task: Any) -> list[str]:
     """The kernel's module-level integer constants that the task has legal values for."""
     return sorted(name for name in module_ints(module) if task.legal_values(name) is not None)
+
+
+def _fields(module: cst.Module, task: Any) -> dict[str, F.Field]:
+    """Without module-level block constants: the block fields on the forward path from the task's
+    entry (a production module's dataclass or keyword defaults) that the task has legal values for."""
+    entry, _ = _sites.current()
+    return {name: f for name, f in F.fields(module, entry).items()
+            if task.legal_values(f.tunable) is not None}
+
+
+def _field_legal(name: str, values: dict[str, int], task: Any) -> bool:
+    """Whether the field ``name`` may take ``values[name]`` beside the other ``values``."""
+    return (values[name] in legal_values(F.FIELD_TUNABLES[name], task)
+            and F.consistent(values) is None)
 
 
 # The chance that a drawn move scales the block shape (every sequence tunable at once) instead of
@@ -50,11 +66,16 @@ class BlockSizes(Operator):
         try:
             module = parse(source)
             present = set(_tunables(module, task))
+            if not present:
+                with _sites.scope(task):
+                    return tuple(_fields(module, task))
             return tuple(name for name in module_ints(module) if name in present)   # in the source's order
         except Exception:  # noqa: BLE001 - an unparsable source has none
             return ()
 
     def _choices(self, module: cst.Module, task: Any) -> dict[str, list[int]]:
+        if not _tunables(module, task):
+            return self._field_choices(module, task)
         ints = module_ints(module)
         out = {}
         for name in _tunables(module, task):
@@ -63,10 +84,23 @@ class BlockSizes(Operator):
                 out[name] = values
         return out
 
+    def _field_choices(self, module: cst.Module, task: Any) -> dict[str, list[int]]:
+        current = {name: f.value for name, f in _fields(module, task).items()}
+        out = {}
+        for name in current:
+            values = [v for v in legal_values(F.FIELD_TUNABLES[name], task)
+                      if v != current[name] and _field_legal(name, {**current, name: v}, task)]
+            if values:
+                out[name] = values
+        return out
+
     def _check(self, module, task) -> Applicability:
-        present = _tunables(module, task)
+        present = _tunables(module, task) or list(_fields(module, task))
         if not present:
-            return Applicability(False, "no module-level block-size constant that the task has legal values for")
+            entry, _ = _sites.current()
+            return Applicability(False, "no module-level block-size constant, nor a block field "
+                                        f"({', '.join(F.FIELD_TUNABLES)}) on the forward path from "
+                                        f"{entry or 'the entry point'}, that the task has legal values for")
         if not self._choices(module, task):
             return Applicability(False, f"no other legal value for {', '.join(present)} at {task.key}")
         return APPLICABLE
@@ -74,6 +108,12 @@ class BlockSizes(Operator):
     def shapes(self, module: cst.Module, task: Any) -> list[dict[str, int]]:
         """The block shape scaled by 2 and by 1/2 (those legal): a shape is the block tunables
         other than the heads per program, when there are at least two."""
+        if not _tunables(module, task):
+            current = {name: f.value for name, f in _fields(module, task).items()}
+            if len(current) < 2:
+                return []
+            scaled = [{n: int(v * factor) for n, v in current.items()} for factor in (2, 0.5)]
+            return [shape for shape in scaled if all(_field_legal(n, shape, task) for n in shape)]
         ints = module_ints(module)
         names = [n for n in _tunables(module, task) if n != "HEADS_PER_PROGRAM"]
         if len(names) < 2:
@@ -89,6 +129,8 @@ class BlockSizes(Operator):
         return {"tunable": name, "value": rng.choice(choices[name])}
 
     def _rewrite(self, module, task, params) -> cst.Module:
+        if not _tunables(module, task):
+            return self._rewrite_fields(module, task, params)
         if "shape" in params:
             shape = params["shape"]
             if not isinstance(shape, dict) or not shape:
@@ -104,3 +146,30 @@ class BlockSizes(Operator):
             raise NotApplicable(f"{name}={value!r} is not legal at {task.key}: "
                                 f"legal values are {legal_values(name, task)}")
         return set_tunable(module, name, str(value))
+
+    def _rewrite_fields(self, module: cst.Module, task: Any, params: dict[str, Any]) -> cst.Module:
+        """Set block fields (a production module's dataclass or keyword defaults): one, or the
+        whole shape at once; every value legal, every minor block dividing its major."""
+        table = _fields(module, task)
+        if "shape" in params:
+            new = params["shape"]
+            if not isinstance(new, dict) or not new:
+                raise NotApplicable(f"shape={new!r} is not a mapping of block fields to values")
+        else:
+            new = {params.get("tunable"): params.get("value")}
+        values = {name: f.value for name, f in table.items()}
+        for name, value in new.items():
+            if name not in table:
+                raise NotApplicable(f"the source has no block field {name!r} on the forward path "
+                                    f"(it has {', '.join(table) or 'none'})")
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise NotApplicable(f"{name}={value!r} is not an integer")
+            values[name] = value
+        for name in new:
+            if values[name] not in legal_values(F.FIELD_TUNABLES[name], task):
+                raise NotApplicable(f"{name}={values[name]} is not legal at {task.key}: legal values "
+                                    f"are {legal_values(F.FIELD_TUNABLES[name], task)}")
+        if (why := F.consistent(values)) is not None:
+            raise NotApplicable(why)
+        entry, _ = _sites.current()
+        return F.set_fields(module, entry, dict(new))

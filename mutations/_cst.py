@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 
 import libcst as cst
 
+from . import _sites
 from ._base import NotApplicable
 
 TUNABLE_PREFIXES = ("BLOCK_", "HEADS_PER_PROGRAM", "VMEM_LIMIT_BYTES", "DIAGONAL_STRIP", "KV_SPLITS", "CHIPS")
@@ -107,24 +108,24 @@ def replace_function(module: cst.Module, name: str, new: cst.FunctionDef) -> cst
     return module.with_changes(body=body)
 
 
-@functools.lru_cache(maxsize=256)   # trees are immutable; nodes hash by identity
 def wrapper(module: cst.Module) -> cst.FunctionDef:
-    """The kernel's wrapper: the one module-level function that calls ``pl.pallas_call`` (the
-    seed's entry point, whatever its name)."""
-    found = [s for s in module.body if isinstance(s, cst.FunctionDef)
-             and find_all(s, lambda n: is_call(n, "pl.pallas_call"))]
-    if len(found) != 1:
-        raise NotApplicable(f"expected one module-level function calling pl.pallas_call, found {len(found)}")
-    return found[0]
+    """The kernel's wrapper: the site's module-level function calling ``pl.pallas_call`` (the one
+    such function in a seed, whatever its name; see :mod:`mutations._sites` for modules with
+    several)."""
+    return _sites.wrapper(module)
 
 
 def replace_wrapper(module: cst.Module, new: cst.FunctionDef) -> cst.Module:
     return replace_function(module, wrapper(module).name.value, new)
 
 
-@functools.lru_cache(maxsize=256)   # trees are immutable; nodes hash by identity
 def kernel_name(module: cst.Module) -> str:
-    partials = find_all(wrapper(module), lambda n: is_call(n, "functools.partial"))
+    return _kernel_name(wrapper(module), module)
+
+
+@functools.lru_cache(maxsize=256)   # trees are immutable; nodes hash by identity
+def _kernel_name(site: cst.FunctionDef, module: cst.Module) -> str:
+    partials = find_all(site, lambda n: is_call(n, "functools.partial"))
     for call in partials:
         if call.args and isinstance(call.args[0].value, cst.Name):  # type: ignore[attr-defined]
             name = call.args[0].value.value  # type: ignore[attr-defined]
@@ -152,9 +153,13 @@ def kernel_kwonly(fn: cst.FunctionDef) -> list[str]:
     return [p.name.value for p in fn.params.kwonly_params]
 
 
-@functools.lru_cache(maxsize=256)
 def pallas_call(module: cst.Module) -> cst.Call:
-    calls = find_all(wrapper(module), lambda n: is_call(n, "pl.pallas_call"))
+    return _pallas_call(wrapper(module))
+
+
+@functools.lru_cache(maxsize=256)
+def _pallas_call(site: cst.FunctionDef) -> cst.Call:
+    calls = find_all(site, lambda n: is_call(n, "pl.pallas_call"))
     if len(calls) != 1:
         raise NotApplicable(f"expected one pl.pallas_call in the wrapper, found {len(calls)}")
     return calls[0]  # type: ignore[return-value]
@@ -296,10 +301,36 @@ def add_call_kwarg(call: cst.Call, name: str, value: str) -> cst.Call:
                                                                cst.ParenthesizedWhitespace):
                 gap = arg.comma.whitespace_after
         last = args[-1]
-        args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=gap))
-        new_arg = new_arg.with_changes(comma=last.comma)
+        # The whitespace before the closing parenthesis stays before it (after the new argument).
+        args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=gap),
+                                     whitespace_after_arg=cst.SimpleWhitespace(""))
+        new_arg = new_arg.with_changes(comma=last.comma, whitespace_after_arg=last.whitespace_after_arg)
     return call.with_changes(args=args + [new_arg])
 
 
 def iter_calls(node: cst.CSTNode, func: str) -> Iterator[cst.Call]:
     yield from find_all(node, lambda n: is_call(n, func))  # type: ignore[misc]
+
+
+# ---- a site's kernel functions (production modules) ------------------------------------------
+def site_kernels(module: cst.Module) -> list[cst.FunctionDef]:
+    """The module-level functions the site's kernel runs: the kernel handed to functools.partial
+    and the functions it calls (JAX's kernel dispatches to a multi-step and a single-step body)."""
+    defs = _sites.definitions(module)
+    out = []
+    for name in _sites.site_functions(module, kernel_name(module)):
+        fn = defs[name]
+        if isinstance(fn, cst.FunctionDef) and not _sites.calls_pallas(fn):
+            out.append(fn)
+    return out
+
+
+def assigned_from(fn: cst.CSTNode, prefixes: tuple[str, ...]) -> set[str]:
+    """Names assigned (``NAME = ...``) from an expression whose code starts with one of
+    ``prefixes`` (e.g. ``jnp.sum(``), anywhere in ``fn``."""
+    out = set()
+    for node in find_all(fn, lambda n: isinstance(n, cst.Assign) and len(n.targets) == 1
+                         and isinstance(n.targets[0].target, cst.Name)):
+        if norm(node.value).startswith(prefixes):  # type: ignore[attr-defined]
+            out.add(node.targets[0].target.value)  # type: ignore[attr-defined]
+    return out

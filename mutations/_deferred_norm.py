@@ -79,14 +79,32 @@ class DeferredNormalisation(Operator):
                    "divide by the running sum l once, at the last kv step.")
 
     def _check(self, module, task) -> Applicability:
-        _Match(module)
+        try:
+            _Match(module)
+        except NotApplicable:
+            if not self._production(module):
+                raise
         return APPLICABLE
+
+    def _production(self, module) -> bool:
+        """JAX's per-step normalisation by a guarded inverse, in the site's kernel functions."""
+        try:
+            return bool(production_matches(module))
+        except NotApplicable:
+            return False
 
     def _sample(self, module, task, rng: random.Random) -> dict[str, Any]:
         return {}
 
     def _rewrite(self, module, task, params) -> cst.Module:
-        match = _Match(module)
+        if params:
+            raise NotApplicable(f"deferred_norm takes no parameters, got {params}")
+        try:
+            match = _Match(module)
+        except NotApplicable:
+            if self._production(module):
+                return rewrite_production(module)
+            raise
         compact = C.stats_compact(module)
         lanes = "" if compact else "[:, :1]"
         acc = C.code(match.acc_term.with_changes(lpar=[], rpar=[]))
@@ -122,3 +140,121 @@ class DeferredNormalisation(Operator):
         new_store = store.deep_replace(old_read, new_read)
         fn = C.replace_top(fn, store, new_store)  # type: ignore[arg-type]
         return C.replace_function(module, match.fn.name.value, fn)
+
+
+# ---- production kernels (JAX's flash attention) ------------------------------------------------
+# There every kv step computes ``INV = jnp.where(l_next == 0.0, 1.0, 1.0 / l_next)``, rescales the
+# accumulator by ``F(l_corr * INV)`` and adds ``o_curr * F(INV)`` (F tiles the statistic's lanes
+# over the head dimension). Deferred: the accumulator is rescaled by ``F(alpha)`` only (``l_corr =
+# alpha * l_prev``), takes ``o_curr`` as it is, and the store divides by the l scratch once.
+class _ProductionMatch:
+    def __init__(self, fn: cst.FunctionDef):
+        self.fn = fn
+        guarded = [n for n in C.find_all(fn, lambda n: isinstance(n, cst.Assign) and len(n.targets) == 1
+                                         and isinstance(n.targets[0].target, cst.Name)
+                                         and _guarded_inverse(n.value))]
+        if len(guarded) != 1:
+            raise NotApplicable(f"no single guarded inverse 'inv = jnp.where(l == 0, 1, 1 / l)' in {fn.name.value}")
+        self.inv_assign = guarded[0]
+        self.inv = guarded[0].targets[0].target.value
+        self.l_next = C.norm(guarded[0].value.args[2].value.right)
+        augs = C.find_all(fn, lambda n: isinstance(n, cst.AugAssign) and self.inv in C.names_in(n.value))
+        self.rescale = [a for a in augs if isinstance(a.operator, cst.MultiplyAssign)]
+        self.add = [a for a in augs if isinstance(a.operator, cst.AddAssign)]
+        if len(self.rescale) != 1 or len(self.add) != 1 or len(augs) != 2 \
+                or C.norm(self.rescale[0].target) != C.norm(self.add[0].target):
+            raise NotApplicable(f"no 'acc *= f(l_corr * inv)' and 'acc += pv * f(inv)' pair in {fn.name.value}")
+        self.rescale, self.add = self.rescale[0], self.add[0]
+        self.acc = self.rescale.target
+        if not (isinstance(self.acc, cst.Subscript) and isinstance(self.acc.value, cst.Name)):
+            raise NotApplicable("the accumulator is not a scratch ref's subscript")
+        # The rescale's product l_corr * inv, and l_corr = alpha * l_prev.
+        products = C.find_all(self.rescale.value, lambda n: isinstance(n, cst.BinaryOperation)
+                              and isinstance(n.operator, cst.Multiply) and C.norm(n.right) == self.inv
+                              and isinstance(n.left, cst.Name))
+        if len(products) != 1:
+            raise NotApplicable("the accumulator's rescaling is not f(l_corr * inv)")
+        self.product = products[0]
+        l_corr = products[0].left.value
+        alphas = [n.value.left.value for n in C.find_all(fn, lambda n: isinstance(n, cst.Assign)
+                  and len(n.targets) == 1 and C.norm(n.targets[0].target) == l_corr
+                  and isinstance(n.value, cst.BinaryOperation) and isinstance(n.value.operator, cst.Multiply)
+                  and isinstance(n.value.left, cst.Name))]
+        if len(alphas) != 1:
+            raise NotApplicable(f"no '{l_corr} = alpha * l_prev' in {fn.name.value}")
+        self.alpha = alphas[0]
+        # The added term: pv * f(inv) -> pv.
+        if not (isinstance(self.add.value, cst.BinaryOperation) and isinstance(self.add.value.operator, cst.Multiply)
+                and self.inv not in C.names_in(self.add.value.left)):
+            raise NotApplicable("the accumulator's update is not 'pv * f(inv)'")
+        # The l scratch: the ref written with l_next.
+        writes = [n.targets[0].target for n in C.find_all(fn, lambda n: isinstance(n, cst.Assign)
+                  and len(n.targets) == 1 and isinstance(n.targets[0].target, cst.Subscript)
+                  and C.norm(n.value) == self.l_next)]
+        if len(writes) != 1:
+            raise NotApplicable(f"no single scratch write of {self.l_next}")
+        self.l_read = C.code(writes[0])
+        # The store: the one output write that reads the accumulator outside the kv loop.
+        reads = C.find_all(fn, lambda n: isinstance(n, cst.Assign) and len(n.targets) == 1
+                           and C.norm(self.acc) in {C.norm(s) for s in C.find_all(
+                               n.value, lambda x: isinstance(x, cst.Subscript))})
+        if len(reads) != 1:
+            raise NotApplicable(f"{C.norm(self.acc)} is read by {len(reads)} assignments; expected one store")
+        self.store = reads[0]
+
+
+def _guarded_inverse(node: cst.CSTNode) -> bool:
+    from ._approx_reciprocal import _guarded_inverse as guarded
+
+    return guarded(node)
+
+
+def production_matches(module: cst.Module) -> list[_ProductionMatch]:
+    out = []
+    for fn in C.site_kernels(module):
+        try:
+            out.append(_ProductionMatch(fn))
+        except NotApplicable:
+            continue
+    return out
+
+
+def rewrite_production(module: cst.Module) -> cst.Module:
+    for match in production_matches(module):
+        fn = C.module_function(module, match.fn.name.value)
+        module = C.replace_function(module, fn.name.value, fn.visit(_Deferral(match)))
+    return module
+
+
+class _Deferral(cst.CSTTransformer):
+    """One kernel function's rewrite, statement by statement."""
+
+    def __init__(self, match: _ProductionMatch):
+        super().__init__()
+        self.m = match
+        acc = C.code(match.acc)
+        l_val = f"{match.l_read}[:, :1]"
+        self.new_read = C.expr(f"({acc} / jnp.where({l_val} == 0.0, 1.0, {l_val}))")
+        self.comment = cst.EmptyLine(comment=cst.Comment(
+            "# Deferred normalisation: the accumulator stays unnormalised; the store divides by l."))
+        self.acc = C.norm(match.acc)
+
+    def leave_SimpleStatementLine(self, original, node):
+        if len(node.body) != 1:
+            return node
+        small, m = node.body[0], self.m
+        if C.norm(small) == C.norm(m.inv_assign):
+            return cst.RemovalSentinel.REMOVE
+        if isinstance(small, cst.AugAssign) and C.norm(small.target) == self.acc:
+            if isinstance(small.operator, cst.MultiplyAssign):
+                product = C.find_all(small.value, lambda n: isinstance(n, cst.BinaryOperation)
+                                     and C.norm(n) == C.norm(m.product))[0]
+                value = small.value.deep_replace(product, cst.Name(m.alpha))
+                return node.with_changes(body=[small.with_changes(value=value)],
+                                         leading_lines=[*node.leading_lines, self.comment])
+            if isinstance(small.operator, cst.AddAssign):
+                return node.with_changes(body=[small.with_changes(value=small.value.left)])
+        if C.norm(small) == C.norm(m.store):
+            read = C.find_all(small.value, lambda n: isinstance(n, cst.Subscript) and C.norm(n) == self.acc)[0]
+            return node.with_changes(body=[small.with_changes(value=small.value.deep_replace(read, self.new_read))])
+        return node

@@ -9,7 +9,7 @@ import libcst as cst
 
 from . import _cst as C
 from ._base import APPLICABLE, Applicability, NotApplicable, Operator, parse
-from ._tunables import module_ints, set_tunable
+from ._tunables import _int_value, _is_tunable, module_ints, set_tunable
 
 MIB = 1024 * 1024
 # v5e: 128 MiB physical VMEM, 16 MiB default scoped limit (32 MiB on v6e). Leave headroom.
@@ -24,18 +24,29 @@ class VmemLimit(Operator):
     description = ("Set the kernel's scoped VMEM limit (VMEM_LIMIT_BYTES passed as "
                    "pltpu.CompilerParams(vmem_limit_bytes=...)) to another value in 16..96 MiB.")
 
+    def _params_call(self, module) -> cst.Call:
+        calls = [c for name in PARAMS_CLASSES for c in C.iter_calls(C.pallas_call(module), name)]
+        if len(calls) != 1:
+            raise NotApplicable("pallas_call has no pltpu.CompilerParams(...) to set the limit on")
+        return calls[0]
+
     def _current_mib(self, module) -> float | None:
+        """The limit now: the module's VMEM_LIMIT_BYTES, else a literal in the call (a module
+        without module-level tunables, e.g. JAX's own kernels, holds it there)."""
         value = module_ints(module).get("VMEM_LIMIT_BYTES")
+        if value is None:
+            try:
+                existing = C.call_kwarg(self._params_call(module), "vmem_limit_bytes")
+            except NotApplicable:
+                existing = None
+            value = None if existing is None else _int_value(existing)
         return None if value is None else value / MIB
 
     def _check(self, module, task) -> Applicability:
-        calls = list(C.iter_calls(C.pallas_call(module), "pltpu.CompilerParams"))
-        if len(calls) != 1:
-            return Applicability(False, "pallas_call has no pltpu.CompilerParams(...) to set the limit on")
-        existing = C.call_kwarg(calls[0], "vmem_limit_bytes")
-        if existing is not None and C.norm(existing) != "VMEM_LIMIT_BYTES":
+        existing = C.call_kwarg(self._params_call(module), "vmem_limit_bytes")
+        if existing is not None and C.norm(existing) != "VMEM_LIMIT_BYTES" and _int_value(existing) is None:
             return Applicability(False, "vmem_limit_bytes is set to an expression other than "
-                                        "VMEM_LIMIT_BYTES")
+                                        "VMEM_LIMIT_BYTES or an integer")
         return APPLICABLE
 
     def repair_params(self, source: str, task: Any) -> dict[str, Any] | None:
@@ -53,8 +64,24 @@ class VmemLimit(Operator):
         mib = params.get("mib")
         if mib not in LIMITS_MIB:
             raise NotApplicable(f"mib={mib!r} is not one of {LIMITS_MIB}")
-        module = set_tunable(module, "VMEM_LIMIT_BYTES", f"{mib} * 1024 * 1024",
-                             comment="scoped VMEM limit (v5e default 16 MiB, physical 128 MiB)")
-        call = next(C.iter_calls(C.pallas_call(module), "pltpu.CompilerParams"))
-        new_call = C.add_call_kwarg(call, "vmem_limit_bytes", "VMEM_LIMIT_BYTES")
+        call = self._params_call(module)
+        existing = C.call_kwarg(call, "vmem_limit_bytes")
+        if "VMEM_LIMIT_BYTES" in module_ints(module) or (
+                existing is None and any(_is_tunable(n) for n in module_ints(module))):
+            # The seed's idiom: a module-level tunable beside the others, passed by name.
+            module = set_tunable(module, "VMEM_LIMIT_BYTES", f"{mib} * 1024 * 1024",
+                                 comment="scoped VMEM limit (v5e default 16 MiB, physical 128 MiB)")
+            call = self._params_call(module)
+            new_call = C.add_call_kwarg(call, "vmem_limit_bytes", "VMEM_LIMIT_BYTES")
+            return module.deep_replace(call, new_call)  # type: ignore[return-value]
+        # No tunables at module level (a production module): the limit goes into the site's call.
+        value = f"{mib} * 1024 * 1024"
+        if existing is None:
+            new_call = C.add_call_kwarg(call, "vmem_limit_bytes", value)
+        else:
+            new_call = call.deep_replace(existing, C.expr(value))
         return module.deep_replace(call, new_call)  # type: ignore[return-value]
+
+
+# The class of the compiler parameters, by the names JAX has given it.
+PARAMS_CLASSES = ("pltpu.CompilerParams", "pltpu.TPUCompilerParams")
