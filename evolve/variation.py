@@ -11,6 +11,10 @@ from mutations import Edit, all_operators
 from mutations._replay import replay_applicable
 
 
+# The chance that a move's next edit is drawn among the operators its last edit made applicable.
+UNLOCKED = 0.8
+
+
 def _pick(operators: list, weights: dict[str, float] | None, rng: random.Random):
     """One operator, drawn with probability proportional to its weight (1 for unknown ones)."""
     w = [max((weights or {}).get(op.name, 1.0), 1e-6) for op in operators]
@@ -22,19 +26,33 @@ def mutate(parent: Individual, task: Any, rng: random.Random, generation: int, m
     """Apply a chain of 1..``max_chain`` operators (how many drawn from ``rng``), each chosen
     among those that apply (of ``operators``, default every registered one), with probability by
     ``weights`` (what has paid so far), and with parameters from ``rng``. A chain changes several
-    knobs in one move."""
+    knobs in one move. An operator that the chain's last edit made applicable (its prerequisite
+    was just applied) is drawn next with probability ``UNLOCKED``, one edit past ``max_chain`` if
+    need be."""
     pool = all_operators() if operators is None else operators
     length = rng.randint(1, max(1, max_chain))
-    source, chain = parent.source, []
-    for _ in range(length):
+    source, chain, unlocked = parent.source, [], set()
+    while len(chain) < length:
         used = {e.op for e in chain}          # one edit per operator in a move
         applicable = [op for op in pool if op.name not in used and op.check(source, task)]
+        first = [op for op in applicable if op.name in unlocked]
+        if not (first and rng.random() < UNLOCKED):
+            first = []
         while applicable:
-            op = _pick(applicable, weights, rng)
+            op = _pick(first or applicable, weights, rng)
+            if op in first:
+                first.remove(op)
             applicable.remove(op)
+            before = {other.name for other in pool if other.check(source, task)}
             result = op.apply(source, task, rng)
             if result.applied and result.source != source and result.edit is not None:
                 source, chain = result.source, chain + [result.edit]
+                # What this edit made applicable (diagonal strips after causal_skip) is drawn
+                # next, in the same move: a prerequisite that does not pay alone is not judged alone.
+                unlocked = {o.name for o in pool if o.name not in before and o.name not in used
+                            and o.check(source, task)}
+                if unlocked and len(chain) == length and length < max_chain + 1:
+                    length += 1
                 break
         else:
             break

@@ -47,7 +47,8 @@ def _with_blocks(q: int, kv: int) -> Individual:
 def test_a_mutation_can_change_several_knobs_and_replays_from_the_seed():
     rng = random.Random(3)
     children = [mutate(SEED, TASK, rng, 1, max_chain=3) for _ in range(12)]
-    assert any(len(c.edits) > 1 for c in children) and all(1 <= len(c.edits) <= 3 for c in children)
+    # 1..3 edits, and one more when the last made another operator applicable.
+    assert any(len(c.edits) > 1 for c in children) and all(1 <= len(c.edits) <= 4 for c in children)
     for c in children:
         assert replay(SEED.source, c.edits, TASK).source == c.source
         assert c.operator == "+".join(e["op"] for e in c.edits)
@@ -57,7 +58,16 @@ def test_operators_are_drawn_by_their_weights():
     rng = random.Random(0)
     weights = {name: 1e-9 for name in operator_names()} | {"causal_skip": 1.0}
     ops = {mutate(SEED, TASK, rng, 1, max_chain=1, weights=weights).operator for _ in range(10)}
-    assert ops == {"causal_skip"}
+    assert {op.split("+")[0] for op in ops} == {"causal_skip"}
+
+
+def test_what_an_edit_makes_applicable_is_drawn_next_in_the_same_move():
+    # diagonal_strips applies only after causal_skip, and pays only with it: drawn right after.
+    rng = random.Random(0)
+    weights = {name: 1e-9 for name in operator_names()} | {"causal_skip": 1.0}
+    ops = [mutate(SEED, TASK, rng, 1, max_chain=1, weights=weights).operator for _ in range(40)]
+    assert 0.6 < ops.count("causal_skip+diagonal_strips") / len(ops) < 0.95
+    assert all(op.startswith("causal_skip") and op.count("+") <= 1 for op in ops)
 
 
 def test_payoff_counts_wins_over_the_parent_once_per_individual():
