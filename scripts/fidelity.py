@@ -156,7 +156,8 @@ def format_rows(rows: list[Row], check_key: str | None = None) -> str:
         base = by_number.get(r.after) if r.after is not None else None
         if r.cycles and base is not None and base.cycles:
             ours[r.step.number] = base.cycles / r.cycles
-    their_rank, our_rank = _ranks(theirs), _ranks(ours)
+    their_rank = _ranks(theirs)
+    our_rank = _ranks(ours) if len(ours) >= 2 else {}     # a rank of one says nothing
     head = ["step", "edit", "our operator", "Autocomp measured ms", "Autocomp step speedup", "our cycles",
             "our step speedup", "rank of the step's gain (theirs / ours)"]
     if check_key:
@@ -260,7 +261,8 @@ def main() -> int:
     jax_cycles = rows[0].cycles
     if args.shape == SHAPE and args.chip == CHIP:
         same = "reproduced" if jax_cycles == ISSUE_JAX_CYCLES else "NOT reproduced"
-        print(f"\nJAX's kernel at Autocomp's blocks: {jax_cycles or rows[0].why} cycles "
+        figure = f"{jax_cycles:,} cycles" if jax_cycles else rows[0].why
+        print(f"\nJAX's kernel at Autocomp's blocks: {figure} "
               f"(issue 26 says {ISSUE_JAX_CYCLES:,}: {same}).")
     if not args.no_seed_best:
         best = replay(seed.kernel_source, SEED_BEST, task)
