@@ -233,10 +233,16 @@ class _Deferral(cst.CSTTransformer):
         super().__init__()
         self.m = match
         acc = C.code(match.acc)
-        l_val = f"{match.l_read}[:, :1]"
-        self.new_read = C.expr(f"({acc} / jnp.where({l_val} == 0.0, 1.0, {l_val}))")
+        # The store scales by the guarded inverse of the lane-replicated l, its lanes tiled over
+        # (or cut to) the head dimension, as the per-step rescale does: dividing the (block_q, D)
+        # accumulator by a broadcast l[:, :1] instead costs some 114K more cycles at Autocomp's v6e
+        # shape than JAX's own loop (scripts/fidelity.py prints the figure).
+        l_val = match.l_read
+        self.new_read = C.expr(
+            f"({acc} * (lambda inv, d: jnp.tile(inv, (1, d // inv.shape[-1])) if d >= inv.shape[-1] "
+            f"else inv[:, :d])(jnp.where({l_val} == 0.0, 1.0, 1.0 / {l_val}), {acc}.shape[-1]))")
         self.comment = cst.EmptyLine(comment=cst.Comment(
-            "# Deferred normalisation: the accumulator stays unnormalised; the store divides by l."))
+            "# Deferred normalisation: the accumulator stays unnormalised; the store scales by 1 / l."))
         self.acc = C.norm(match.acc)
 
     def leave_SimpleStatementLine(self, original, node):
