@@ -15,6 +15,7 @@ class SearchConfig:
     generations: int = 4
     tournament_size: int = 2
     crossover_prob: float = 0.3
+    drop_prob: float = 0.15         # a child is its parent without one edit (operators only add)
     hall_of_fame: int = 2           # elites carried into every generation: the ratchet
     niches: int = 2                 # + the best of this many other block shapes (quality diversity)
     rng_seed: int = 0
@@ -46,6 +47,8 @@ class SearchConfig:
             raise UsageError("tournament_size must be between 1 and the population size")
         if not 0.0 <= self.crossover_prob <= 1.0:
             raise UsageError("crossover_prob must be between 0 and 1")
+        if not 0.0 <= self.drop_prob <= 1.0 - self.crossover_prob:
+            raise UsageError("drop_prob must be between 0 and 1 - crossover_prob")
         if self.max_chain < 1:
             raise UsageError(f"max_chain must be at least 1, got {self.max_chain}")
         if self.oversample < 1:

@@ -11,8 +11,8 @@ run steady-state so that no worker waits for a generation's straggler.
                     each of the next `niches` block shapes (MAP-Elites' cells: a shape whose
                     next steps have not paid yet stays in reach) + the latest items taken in
         parents  <- tournament selection from the pool
-        child    <- crossover (replay two edit histories) or mutation (a chain of operators, drawn
-                    by what has paid so far); oversample x candidates ranked by the surrogate
+        child    <- crossover (replay two edit histories), a drop (the parent without one of its
+                    edits) or mutation (a chain of operators, drawn by what has paid so far); oversample x candidates ranked by the surrogate
                     (evolve/surrogate.py) once it has data; the best ranked is judged
     a "generation" is a bookkeeping unit: every population - hall_of_fame items taken in.
 
@@ -37,7 +37,7 @@ from deap import base, tools
 from evolve.config import RunConfig
 from evolve.individual import Individual
 from evolve.surrogate import Surrogate
-from evolve.variation import block_shapes, crossover, mutate
+from evolve.variation import block_shapes, crossover, drop_edit, mutate
 from mutations import all_operators, read_tunables
 
 
@@ -84,6 +84,7 @@ def make_toolbox(config: RunConfig, seed_source: str, task, *, evaluate: Callabl
     toolbox = base.Toolbox()
     toolbox.register("mutate", mutate, task=task, operators=operators)
     toolbox.register("mate", crossover, seed_source=seed_source, task=task)
+    toolbox.register("drop", drop_edit, seed_source=seed_source, task=task)
     toolbox.register("select", tools.selTournament, tournsize=config.search.tournament_size)
     toolbox.register("evaluate", evaluate)
     toolbox.register("record", record)
@@ -155,7 +156,7 @@ class Search:
                 self.surrogate.add(ind.id, ind.source, ind.edits, m.estimated_cycles)
             if ind.passed:
                 self.speedups[ind.id] = ind.speedup or 0.0
-            if ind.operator in ("seed", "crossover") or not ind.parent_ids:
+            if ind.operator in ("seed", "crossover", "drop") or not ind.parent_ids:
                 continue
             parent = self.speedups.get(ind.parent_ids[0])
             won = ind.passed and parent is not None and (ind.speedup or 0.0) > parent
@@ -271,8 +272,11 @@ class Search:
         for _ in range(want):
             for _ in range(s.max_tries):
                 first, second = self.toolbox.select(pool, 2)
-                if rng.random() < s.crossover_prob:
+                draw = rng.random()
+                if draw < s.crossover_prob:
                     child = self.toolbox.mate(first, second, rng=rng, generation=generation)
+                elif draw < s.crossover_prob + s.drop_prob:
+                    child = self.toolbox.drop(first, rng=rng, generation=generation)
                 else:
                     child = self.toolbox.mutate(first, rng=rng, generation=generation,
                                                 max_chain=s.max_chain, weights=weights)

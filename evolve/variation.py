@@ -121,6 +121,22 @@ def block_shapes(seed: Individual, task: Any, rng: random.Random, count: int, ge
     return children
 
 
+def drop_edit(parent: Individual, seed_source: str, task: Any, rng: random.Random,
+              generation: int) -> Individual | None:
+    """The parent's history without one of its edits (drawn at random), replayed on the seed;
+    edits that no longer apply without it are dropped too. Operators only add: this is how a
+    search undoes an edit that stopped paying once others came (a rewrite that paid at small
+    blocks may cost at large ones)."""
+    if not parent.edits:
+        return None
+    gone = rng.randrange(len(parent.edits))
+    source, kept = replay_applicable(seed_source, parent.edits[:gone] + parent.edits[gone + 1:], task)
+    if source == parent.source or not kept:
+        return None
+    return Individual(source, edits=kept, parent_ids=(parent.id,), operator="drop",
+                      params={"dropped": parent.edits[gone]}, generation=generation)
+
+
 def crossover(a: Individual, b: Individual, seed_source: str, task: Any, rng: random.Random,
               generation: int) -> Individual | None:
     """One-point crossover of two edit histories, replayed on the seed; edits that no longer

@@ -253,3 +253,22 @@ def test_the_surrogate_sees_a_square_block_apart_from_its_sides():
     square, skewed = _with_blocks(2048, 2048), _with_blocks(256, 512)
     assert s.predict(square.source, square.edits) < s.predict(skewed.source, skewed.edits)
     assert flat.predict(square.source, square.edits) > flat.predict(skewed.source, skewed.edits)
+
+
+def test_a_drop_undoes_one_edit_and_what_needed_it():
+    from evolve.variation import drop_edit
+
+    edits = [Edit("block_sizes", {"tunable": "BLOCK_Q", "value": 1024}),
+             Edit("block_sizes", {"tunable": "BLOCK_KV", "value": 1024}),
+             Edit("causal_skip", {}), Edit("diagonal_strips", {"strip": 256}), Edit("exp2_softmax", {})]
+    parent = Individual(replay(SEED.source, edits, TASK).source, edits=[e.to_dict() for e in edits])
+    children = {}
+    for seed in range(40):
+        child = drop_edit(parent, SEED.source, TASK, random.Random(seed), 1)
+        children[child.params["dropped"]["op"] + str(child.params["dropped"]["params"])] = child
+    assert len(children) == 5
+    no_skip = children["causal_skip{}"]     # the strips need causal_skip: they go with it
+    assert [e["op"] for e in no_skip.edits] == ["block_sizes", "block_sizes", "exp2_softmax"]
+    no_exp2 = children["exp2_softmax{}"]
+    assert no_exp2.source == replay(SEED.source, edits[:4], TASK).source and no_exp2.parent_ids == (parent.id,)
+    assert drop_edit(Individual(SEED.source, edits=[]), SEED.source, TASK, random.Random(0), 1) is None
