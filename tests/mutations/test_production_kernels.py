@@ -177,6 +177,13 @@ def test_diagonal_strips_say_why_not_on_jax_kernel_without_a_causal_task(jax_sou
     assert result.status == "not_applicable" and result.reason == "the task is not causal"
 
 
+def test_causal_skip_says_jax_kernel_already_skips(jax_source):
+    result = get_operator("causal_skip").apply_params(jax_source, SMALL, {})
+    assert result.status == "not_applicable"
+    assert result.reason.startswith("the kernel already skips the blocks above the causal diagonal "
+                                    "(pl.when(should_run) in _flash_attention_kernel_single_batch)")
+
+
 # ---- the judge -------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def judge(tmp_path_factory):
