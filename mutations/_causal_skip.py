@@ -73,6 +73,19 @@ def _kv_specs(module: cst.Module) -> list[cst.Call]:
     return out
 
 
+def _skips_already(module: cst.Module) -> str:
+    """Where a site kernel function runs its compute under ``@pl.when(NAME)`` with NAME set under
+    ``if causal:`` (JAX's ``should_run = below_or_on_diag(...)``), as 'pl.when(NAME) in FN'."""
+    for fn in C.site_kernels(module):
+        causal_names = {C.assigned_name(s)[0] for i in C.find_all(fn, _is_causal_if)
+                        for s in i.body.body if C.assigned_name(s)}
+        for d in C.find_all(fn, lambda n: isinstance(n, cst.Decorator) and C.is_call(n.decorator, "pl.when")):
+            args = d.decorator.args
+            if len(args) == 1 and isinstance(args[0].value, cst.Name) and args[0].value.value in causal_names:
+                return f"pl.when({args[0].value.value}) in {fn.name.value}"
+    return ""
+
+
 class CausalSkip(Operator):
     name = "causal_skip"
     description = ("Causal only: skip kv blocks above the diagonal (pl.when), clamp their K/V block "
@@ -84,6 +97,10 @@ class CausalSkip(Operator):
         fn = C.kernel(module)
         if C.top_function(fn, "_step") is not None:
             return Applicability(False, "the kernel already dispatches its compute through _step")
+        skipping = _skips_already(module)
+        if skipping:
+            return Applicability(False, f"the kernel already skips the blocks above the causal diagonal "
+                                        f"({skipping}): nothing to add")
         C.compute_span(fn)
         ids = C.program_id_names(fn)
         if 2 not in ids or 3 not in ids:

@@ -144,8 +144,9 @@ def kernel_refs(fn: cst.FunctionDef) -> tuple[list[str], list[str]]:
     """(io refs q, k, v, o; scratch refs m, l, acc) by position."""
     names = [p.name.value for p in fn.params.params]
     if len(names) < 7:
-        raise NotApplicable(f"kernel {fn.name.value} has {len(names)} positional refs; "
-                            "expected q, k, v, o and m, l, acc scratch")
+        star = f", *{fn.params.star_arg.name.value}" if isinstance(fn.params.star_arg, cst.Param) else ""
+        raise NotApplicable(f"kernel {fn.name.value}({', '.join(names)}{star}) names {len(names)} of the "
+                            "7 refs this operator rewrites (q, k, v, o, then the m, l, acc scratch)")
     return names[:4], names[4:7]
 
 

@@ -24,6 +24,7 @@ from typing import Any
 import libcst as cst
 
 from . import _cst as C
+from . import _diagonal_strips_loop as loop_idiom
 from ._base import APPLICABLE, Applicability, NotApplicable, Operator
 from ._tunables import module_ints, set_tunable
 
@@ -74,7 +75,24 @@ class DiagonalStrips(Operator):
             return Applicability(False, "the task is not causal")
         if TUNABLE in module_ints(module):
             return APPLICABLE   # a knob from here on: another strip height
-        fn = C.kernel(module)
+        seed = self._check_seed(module)
+        if seed.ok:
+            return seed
+        # JAX's idiom: a loop over kv sub-blocks inside a block (see _diagonal_strips_loop).
+        if loop_idiom.current(module) is not None:
+            return APPLICABLE
+        try:
+            loop_idiom.find(module)
+        except NotApplicable as exc:
+            return Applicability(False, f"{seed.reason}; {exc}")
+        return APPLICABLE
+
+    def _check_seed(self, module) -> Applicability:
+        """The seed's idiom: _step(needs_mask) run by an _on_diagonal block (after causal_skip)."""
+        try:
+            fn = C.kernel(module)
+        except NotApplicable as exc:
+            return Applicability(False, str(exc))
         step = C.top_function(fn, "_step")
         if step is None or [p.name.value for p in step.params.params] != ["needs_mask"]:
             return Applicability(False, "no _step(needs_mask) to strip (apply causal_skip first)")
@@ -85,11 +103,16 @@ class DiagonalStrips(Operator):
             return Applicability(False, "no single 'rows = ... block_q ... iota' mask row ids in _step")
         if {"row0", "strip", "seen", _STRIPS_FN} & C.names_in(fn):
             return Applicability(False, "the kernel already uses one of the names row0/strip/seen")
-        C.kernel_refs(fn)   # q, k, v, o and three scratch refs, or NotApplicable
+        try:
+            C.kernel_refs(fn)   # q, k, v, o and three scratch refs
+        except NotApplicable as exc:
+            return Applicability(False, str(exc))
         return APPLICABLE
 
     def _sample(self, module, task, rng: random.Random) -> dict[str, Any]:
         current = module_ints(module).get(TUNABLE)
+        if current is None and not self._check_seed(module).ok:
+            current = loop_idiom.current(module)
         return {"strip": rng.choice([s for s in STRIPS if s != current])}
 
     def _rewrite(self, module, task, params) -> cst.Module:
@@ -98,6 +121,8 @@ class DiagonalStrips(Operator):
             raise NotApplicable(f"strip={strip!r} is not one of {STRIPS}")
         if TUNABLE in module_ints(module):
             return set_tunable(module, TUNABLE, str(strip))
+        if not self._check_seed(module).ok:
+            return loop_idiom.rewrite(module, strip)
         fn = C.kernel(module)
         io_refs, scratch_refs = C.kernel_refs(fn)
         inputs, outs = io_refs[:3], scratch_refs

@@ -41,7 +41,11 @@ CASES = {
 }
 # approx_reciprocal takes a normalisation done once: the store's, after deferred_norm.
 CASES["approx_reciprocal"] = ({}, SMALL, ())
-BEFORE = {"approx_reciprocal": [Edit("deferred_norm")]}
+# diagonal_strips needs several kv sub-blocks in a block: blocks 256/256/128 at N=512, strips of
+# 128 rows (a diagonal block then computes 3 of its 4 tiles).
+BLOCKS_256 = Edit("block_sizes", {"shape": {"block_q": 256, "block_k_major": 256, "block_k": 128}})
+CASES["diagonal_strips"] = ({"strip": 128}, ROOMY, ("BlockSizes",))
+BEFORE = {"approx_reciprocal": [Edit("deferred_norm")], "diagonal_strips": [BLOCKS_256]}
 
 
 @pytest.fixture(scope="module")
@@ -152,6 +156,34 @@ def test_exp2_keeps_the_backward_residual_in_natural_log_units(jax_source):
     assert "lax.broadcast_in_dim((m * 0.6931471805599453)" in source
 
 
+def test_diagonal_strips_skip_the_tiles_above_the_diagonal(jax_source):
+    source = _apply(jax_source, "diagonal_strips").source
+    # The loop is no longer a decorator: the sub-block body is called by it and by the strips.
+    assert "@pl.loop" not in source.split("def _flash_attention_kernel_single_batch(")[1].split("\ndef ")[0]
+    assert "diagonal_strip = 128  # rows per strip" in source
+    assert "for sub_block in range(0, (strip_index + 1) * strip, block_k):" in source
+    # The guard that keeps non-causal calls, other block shapes and a bias on the loop.
+    assert "if causal and block_q == block_k_major and block_q % strip == 0 and all(" in source
+    # Applied again, it is a knob: only the strip height changes.
+    again = get_operator("diagonal_strips").apply_params(source, ROOMY, {"strip": 256, "site": FORWARD_SITE})
+    assert again.applied, again.reason
+    assert _changed_lines(source, again.source) == [source.splitlines().index(
+        "    diagonal_strip = 128  # rows per strip of a causal diagonal block (diagonal_strips)") + 1]
+
+
+def test_diagonal_strips_say_why_not_on_jax_kernel_without_a_causal_task(jax_source):
+    task = AttentionTask(batch=1, heads=2, seq_len=512, head_dim=128, causal=False)
+    result = get_operator("diagonal_strips").apply_params(jax_source, task, {"strip": 128})
+    assert result.status == "not_applicable" and result.reason == "the task is not causal"
+
+
+def test_causal_skip_says_jax_kernel_already_skips(jax_source):
+    result = get_operator("causal_skip").apply_params(jax_source, SMALL, {})
+    assert result.status == "not_applicable"
+    assert result.reason.startswith("the kernel already skips the blocks above the causal diagonal "
+                                    "(pl.when(should_run) in _flash_attention_kernel_single_batch)")
+
+
 # ---- the judge -------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def judge(tmp_path_factory):
@@ -174,15 +206,47 @@ def verdicts(judge, jax_source) -> dict:
     assert chain.applied, chain.reason
     cases = {op: (_apply(jax_source, op).source, CASES[op][1]) for op in CASES}
     cases["single-step chain"] = (chain.source, SMALL)
+    cases.update(_strip_cases(jax_source))
     out = {}
-    for task in (SMALL, ROOMY):
+    for task in (SMALL, ROOMY, ROOMY_NOT_CAUSAL):
         names = [n for n, (_, t) in cases.items() if t == task]
         for name, result in zip(names, judge_all(judge, [cases[n][0] for n in names], task)):
             out[name] = result
     return out
 
 
-@pytest.mark.parametrize("name", [*sorted(CASES), "single-step chain"])
+ROOMY_NOT_CAUSAL = AttentionTask(batch=1, heads=2, seq_len=512, head_dim=128, causal=False)
+# name -> (edits on JAX's kernel, task): diagonal strips after deferred normalisation, the same
+# kernel called without a causal mask, and block shapes the strips leave to the loop or cut
+# differently (each must stay correct whatever block_sizes does later).
+STRIP_CASES = {
+    "blocks 256/256/128 (no strips)": ([BLOCKS_256], ROOMY),
+    "deferred_norm + diagonal_strips": ([BLOCKS_256, Edit("deferred_norm"),
+                                         Edit("diagonal_strips", {"strip": 128})], ROOMY),
+    "diagonal_strips, called non-causal": ([BLOCKS_256, Edit("diagonal_strips", {"strip": 128})],
+                                           ROOMY_NOT_CAUSAL),
+    "diagonal_strips, blocks 512/512/128 strip 256": (
+        [Edit("block_sizes", {"shape": {"block_q": 512, "block_k_major": 512, "block_k": 128}}),
+         Edit("diagonal_strips", {"strip": 256})], ROOMY),
+    "diagonal_strips, then blocks 256/512/256 (not square)": (
+        [BLOCKS_256, Edit("diagonal_strips", {"strip": 128}),
+         Edit("block_sizes", {"shape": {"block_q": 256, "block_k_major": 512, "block_k": 256}})], ROOMY),
+    "diagonal_strips 1024, then blocks 128/128/128": (
+        [BLOCKS_256, Edit("diagonal_strips", {"strip": 1024}),
+         Edit("block_sizes", {"shape": {"block_q": 128, "block_k_major": 128, "block_k": 128}})], ROOMY),
+}
+
+
+def _strip_cases(jax_source: str) -> dict:
+    out = {}
+    for name, (edits, task) in STRIP_CASES.items():
+        result = replay(jax_source, edits, ROOMY)      # the operators apply on the causal task
+        assert result.applied, (name, result.reason)
+        out[name] = (result.source, task)
+    return out
+
+
+@pytest.mark.parametrize("name", [*sorted(CASES), "single-step chain", *STRIP_CASES])
 def test_the_result_passes_the_judge(verdicts, name):
     from evaluator.result import Status
 
