@@ -139,8 +139,9 @@ class Match:
         for shape in shape_tuples:
             els = list(shape.elements)
             els[0] = els[0].with_changes(value=cst.Name("rows"))
+            text = C.norm(shape)
             body = body.deep_replace(
-                C.find_all(body, lambda n: isinstance(n, cst.Tuple) and C.norm(n) == C.norm(shape))[0],
+                C.find_all(body, lambda n, text=text: isinstance(n, cst.Tuple) and C.norm(n) == text)[0],
                 shape.with_changes(elements=els))
         left = [n for n in C.find_all(body, lambda n: isinstance(n, cst.Name) and n.value == self.block_q)]
         offsets = C.find_all(body, lambda n: isinstance(n, cst.BinaryOperation)
