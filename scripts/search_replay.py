@@ -1,0 +1,90 @@
+"""Replay the search under the compiler estimate alone: a design tool for the search itself.
+
+    .venv/bin/python scripts/search_replay.py [--seeds 0,1,2,3,4] [--generations 4] [--niches 2]
+        [--chip v5e] [--shape B=1,H=8,N=2048,D=128] [--strategy ga] [--cache FILE]
+
+Runs the strategy's ``Search`` exactly as ``evolve run`` does (same breeding, lag 4 as with two
+workers, the cascade's cut), but each kernel's verdict is only the judge's estimate
+(``Judge.estimate_timing``: trace in the jail, compile, read the figure), with no correctness
+stage, cached on disk by kernel id, so that five RNG seeds of a change cost minutes, not an hour.
+A compile that runs out of VMEM is FAIL_VMEM, any other failure FAIL_COMPILE. Where every kernel
+the search breeds is correct (as here for flash_attention) it reproduces ``evolve run`` kernel for
+kernel; it is never a verdict: the project's figures come from ``evolve run`` and ``evolve bench``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import threading
+import time
+from pathlib import Path
+
+from evaluator.judge import Judge, JudgeConfig
+from evaluator.result import EvalResult, Metrics, Status
+from evolve.config import JudgeSettings, RunConfig, SearchConfig, TaskConfig
+from evolve.strategies import strategy_class
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seed", default="flash_attention")
+    p.add_argument("--shape", default=None)
+    p.add_argument("--chip", default="v5e")
+    p.add_argument("--seeds", default="0", help="RNG seeds, comma-separated")
+    p.add_argument("--population", type=int, default=8)
+    p.add_argument("--generations", type=int, default=4)
+    p.add_argument("--niches", type=int, default=SearchConfig.niches)
+    p.add_argument("--strategy", default="ga")
+    p.add_argument("--cache", default=None, help="the figures' cache (default /tmp/search-replay-CHIP-TASK.json)")
+    a = p.parse_args()
+    task_cfg = TaskConfig(seed=a.seed, shape=a.shape)
+    task, seed = task_cfg.task(), task_cfg.load_seed()
+    path = Path(a.cache or f"/tmp/search-replay-{a.chip}-{task.key.replace('/', '_')}.json")
+    cache = json.loads(path.read_text()) if path.exists() else {}
+    lock = threading.Lock()
+    judge = Judge(JudgeConfig(chip=a.chip, workers=2))
+    if "reference" not in cache:
+        cache["reference"] = judge.estimate_timing(None, task)[0].cycles
+    reference = cache["reference"] or 10**9     # no reference figure: speedups are 1e9 / cycles
+
+    def evaluate(ind):
+        with lock:
+            hit = cache.get(ind.id)
+        if hit is None:
+            timing, _ = judge.estimate_timing(ind.source, task)
+            hit = {"cycles": timing.cycles, "error": timing.error}
+            with lock:
+                cache[ind.id] = hit
+                path.write_text(json.dumps(cache))
+        cycles = hit["cycles"]
+        if cycles and ind.cut and cycles > ind.cut:
+            return EvalResult(Status.PRUNED, metrics=Metrics(estimated_cycles=cycles))
+        if cycles:
+            return EvalResult(Status.PASS, metrics=Metrics(estimated_cycles=cycles, reference_cycles=reference,
+                                                           speedup_vs_reference=reference / cycles))
+        vmem = "vmem" in (hit["error"] or "").lower()
+        return EvalResult(Status.FAIL_VMEM if vmem else Status.FAIL_COMPILE, error=(hit["error"] or "")[:200])
+
+    def record(ind, result):
+        ind.result = result
+        ind.fitness.values = (result.metrics.speedup_vs_reference or 0.0,) if result.ok else (0.0,)
+
+    print(f"# {task.key} on {a.chip}, {a.strategy}; estimate only, no correctness check; cache {path}")
+    for rng_seed in [int(x) for x in a.seeds.split(",")]:
+        config = RunConfig(search=SearchConfig(population=a.population, generations=a.generations,
+                                               rng_seed=rng_seed, lag=4, niches=a.niches),
+                           task=task_cfg, judge=JudgeSettings(chip=a.chip))
+        search = strategy_class(a.strategy)(config, seed.kernel_source, task, evaluate=evaluate, record=record)
+        start = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(2) as executor:
+            champion = search.run(executor)
+        edits = " -> ".join(e["op"] + (f"{e['params']}" if e.get("params") else "") for e in champion.edits)
+        print(f"RNG seed {rng_seed}: champion {champion.result.metrics.estimated_cycles:,} cycles after "
+              f"{len(search.taken)} kernels ({time.monotonic() - start:.0f} s): {edits}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
