@@ -139,6 +139,8 @@ class Search:
         self.speedups: dict[str, float] = {}          # individual id -> speedup (PASS only)
         self.learned: set[str] = set()
         self.repairs: list[Individual] = []            # children failed in a way an operator repairs
+        self.repairable = {status for op in self.operators for status in op.repairs}
+        self.cells: dict[str, tuple] = {}             # individual id -> its block shape (parsed once)
 
     def weights(self) -> dict[str, float] | None:
         """Each operator's chance of paying off (Laplace: (wins + 1) / (tries + 2))."""
@@ -168,9 +170,8 @@ class Search:
     def record(self, individuals: list[Individual]) -> None:
         """Take judged individuals in: what the search learns, the hall of fame, the champion."""
         self.learn(individuals)
-        repairable = {status for op in self.operators for status in op.repairs}
         self.repairs += [ind for ind in individuals if ind.result is not None and ind.edits
-                         and ind.result.status.value in repairable]
+                         and ind.result.status.value in self.repairable]
         passed = [ind for ind in individuals if ind.passed]
         self.hof.update(passed)
         for ind in passed:
@@ -189,8 +190,10 @@ class Search:
         return sorted(best.values(), key=lambda ind: -(ind.speedup or 0.0))
 
     def cell(self, ind: Individual) -> tuple:
-        values = read_tunables(ind.source)
-        return tuple(values.get(name) for name in self.cell_tunables)
+        if ind.id not in self.cells:
+            values = read_tunables(ind.source)
+            self.cells[ind.id] = tuple(values.get(name) for name in self.cell_tunables)
+        return self.cells[ind.id]
 
     def pool(self) -> list[Individual]:
         """The population selection draws from: the hall of fame, the elites of the next-best
@@ -198,15 +201,17 @@ class Search:
         reach), then the latest items taken in."""
         s = self.config.search
         elites = list(self.hof)
-        ids = {e.id for e in elites}
+        ids, cells = {e.id for e in elites}, {self.cell(e) for e in elites}
         for ind in self.niches():
             if len(elites) >= s.hall_of_fame + s.niches:
                 break
-            if ind.id not in ids and self.cell(ind) not in {self.cell(e) for e in elites}:
+            if ind.id not in ids and self.cell(ind) not in cells:
                 elites.append(ind)
                 ids.add(ind.id)
+                cells.add(self.cell(ind))
         rest = [ind for ind in self.taken if ind.id not in ids]
-        return elites + rest[-max(s.population - len(elites), 0):] if len(elites) < s.population else elites
+        room = s.population - len(elites)
+        return elites + (rest[-room:] if room > 0 else [])
 
     def cut(self) -> int | None:
         """The cascade's cut for a child bred now: prune_factor x the champion's cycles."""

@@ -38,12 +38,12 @@ def mutate(parent: Individual, task: Any, rng: random.Random, generation: int, m
         first = [op for op in applicable if op.name in unlocked]
         if not (first and rng.random() < UNLOCKED):
             first = []
+        before = {other.name for other in pool if other.check(source, task)}
         while applicable:
             op = _pick(first or applicable, weights, rng)
             if op in first:
                 first.remove(op)
             applicable.remove(op)
-            before = {other.name for other in pool if other.check(source, task)}
             result = op.apply(source, task, rng)
             if result.applied and result.source != source and result.edit is not None:
                 source, chain = result.source, chain + [result.edit]
