@@ -154,6 +154,14 @@ def _mesh_hbm_facts(compiled, closed, first, task, req: dict, specs: list) -> di
             "per_chip_kernel_bytes": per_chip, "hbm_notes": notes, "hbm_blind": blind}
 
 
+def _within(context, fn):
+    """``fn`` called inside ``context()`` (a jit lowers at its first call)."""
+    def call(*args):
+        with context():
+            return fn(*args)
+    return call
+
+
 def _devices(req: dict, chips: int, *, cpu: bool = False) -> list:
     """The first ``chips`` devices the program runs on: the host's CPU devices (the interpret-mode
     check), this host's TPU chips, or the topology's devices (the ahead-of-time compile)."""
@@ -270,6 +278,10 @@ def main(request_path: str) -> int:
             run_devices = _devices(req, chips, cpu=not req["on_tpu"])
             run = compiled if req["on_tpu"] else mesh.mesh_program(closed, run_devices, req["mesh_axis"],
                                                                    interpret=True)
+            if not req["on_tpu"]:       # lowered at its first call: the same grid loop as export's
+                from evaluator.interpret import installed
+
+                run = _within(installed, run)
 
             def mesh_args(directory):
                 return mesh.put_sharded([task.chip_split(n, _read_input(directory, n, d), chips)

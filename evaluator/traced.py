@@ -9,7 +9,8 @@ from it alone, exports (``jax.export``, ``programs``)
   compiles for the topology (and times);
 * the **CPU program**: the same jaxpr with every ``pallas_call`` switched to Pallas' HLO
   interpreter (``interpret=True``: a plain XLA loop over the grid, scratch and outputs filled
-  with NaN before first use), which the runner executes on the inputs (and checks).
+  with NaN before first use; its loop as ``interpret.grid_loop`` runs it, operands not copied at
+  every step), which the runner executes on the inputs (and checks).
 
 A kernel that behaves differently "on TPU" and "elsewhere", or by how often it was called, has
 nothing to branch on: there is one trace, and the process that traced it (and so could be
@@ -130,7 +131,12 @@ def export(closed, interpret: bool, platform: str, args):
         outs = jcore.eval_jaxpr(jaxpr, closed.consts, *xs)
         return outs[0] if single else tuple(outs)
 
-    return jexport.export(jax.jit(program), platforms=[platform])(*args)
+    if not interpret:
+        return jexport.export(jax.jit(program), platforms=[platform])(*args)
+    from evaluator.interpret import installed
+
+    with installed():     # the grid loop that does not copy the operands at every step
+        return jexport.export(jax.jit(program), platforms=[platform])(*args)
 
 
 def trace(fn, args, axis_env=None):

@@ -1,0 +1,126 @@
+"""The interpret-mode grid loop, without copying the operands at every grid step.
+
+Pallas' HLO interpreter (``interpret=True``) runs a ``pallas_call`` as an XLA while loop over the
+grid whose carry holds *every* operand: each step slices its blocks out of the whole arrays, runs
+the kernel on them and writes every block back, inputs included. An input written back is no
+longer a loop invariant, so XLA copies each whole operand at every step: a step costs time in
+proportion to the operands' size, not the block's. At decode sizes (a 512 MB KV cache, 4,096 grid
+steps) one check took 200 s, nearly all of it in memcpy; at JAX's flash attention with 128 blocks
+(8,192 steps) 16 s.
+
+:func:`grid_loop` is the same loop, with the same semantics, that carries only what a step can
+change: the outputs, the scratch buffers and any input block the kernel writes (the discharged
+kernel returns such a block as a new value; an input it only reads comes back as the very
+variable it went in as). Every other input is read in place. The kernel is discharged and
+evaluated exactly as Pallas does it (its own ``kernel_to_hlo_jaxpr``, block index maps, NaN-filled
+uninitialised buffers, padding of ragged blocks), so a kernel computes the same values, bit for
+bit (``tests/evaluator/test_interpret.py`` holds it to that on every seed).
+
+:func:`installed` swaps it in for Pallas' own while the trusted runner exports its CPU program. It
+patches one private function of the pinned jax (``hlo_interpreter.pallas_call_hlo_interpret``)
+and checks that the function is there, so that a jax that moved it fails loudly, not slowly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+from typing import Any
+
+import jax.numpy as jnp
+from jax import lax
+from jax._src import core as jcore
+from jax._src.pallas import core as pallas_core
+from jax._src.pallas import hlo_interpreter as hlo
+from jax._src.pallas import primitives
+
+_PATCHED = "pallas_call_hlo_interpret"
+
+
+def _written(jaxpr: jcore.Jaxpr, first: int, count: int) -> list[bool]:
+    """For the ``count`` block operands from invar ``first`` on: whether the discharged kernel
+    returns a new value for it (it wrote the block), rather than the input variable itself."""
+    return [jaxpr.outvars[first + k] is not jaxpr.invars[first + k] for k in range(count)]
+
+
+def grid_loop(*args, jaxpr, debug, input_output_aliases, grid_mapping, mesh, compiler_params,
+              cost_estimate, out_avals, metadata, name, **_):
+    """``pallas_call`` interpreted on the host: Pallas' semantics, operands not carried."""
+    del debug, mesh, compiler_params, cost_estimate, out_avals, metadata, name
+    dynamic, args = args[:grid_mapping.num_dynamic_grid_bounds], args[grid_mapping.num_dynamic_grid_bounds:]
+    bounds = iter(dynamic)
+    grid = tuple(next(bounds) if isinstance(d, pallas_core.DynamicGridDim) else d for d in grid_mapping.grid)
+    kernel, kernel_consts, scratch_avals = hlo.kernel_to_hlo_jaxpr(jaxpr, (), grid_mapping)
+    outs = hlo._initialize_output_vals(grid_mapping.block_mappings_output, args, input_output_aliases)
+    scalars = args[grid_mapping.slice_index_ops]
+    operands = list(args[len(scalars):]) + list(outs)          # consts, inputs, outputs
+    mappings = list(grid_mapping.block_mappings)
+    shapes = [pallas_core._get_block_shape(bm.block_shape) for bm in mappings]
+    squeezed = [tuple(isinstance(d, pallas_core.Squeezed) for d in bm.block_shape) for bm in mappings]
+    for k, (x, bm) in enumerate(zip(operands, mappings, strict=True)):
+        padding = [d.padding if isinstance(d, pallas_core.Element) else (0, 0) for d in bm.block_shape]
+        if any(p != (0, 0) for p in padding):
+            if input_output_aliases:
+                raise NotImplementedError("Padding with aliasing not supported.")
+            x = lax.pad(x, primitives.uninitialized_value(shape=(), dtype=x.dtype), [(*p, 0) for p in padding])
+        operands[k] = hlo._pad_to_block_dimension(x, shapes[k])
+    scratch = [primitives.uninitialized_value(a.shape, a.dtype) for a in scratch_avals]
+
+    n_in = len(operands) - len(outs)
+    first = len(scalars)
+    written = _written(kernel, first, n_in) + [True] * len(outs)
+    carried = [k for k in range(len(operands)) if written[k]]       # outputs and written inputs
+    fixed = {k: operands[k] for k in range(len(operands)) if not written[k]}
+    steps = functools.reduce(lambda a, b: a * b, grid, 1) if grid else 1
+
+    def body(state):
+        i, index, *rest = state
+        held, held_scratch = rest[:len(carried)], rest[len(carried):]
+        arrays = dict(fixed) | dict(zip(carried, held, strict=True))
+        if grid_mapping.local_grid_env is not None:
+            env = grid_mapping.local_grid_env(index, grid)
+        else:
+            env = tuple(pallas_core.GridAxis(ix, b) for d, (ix, b) in enumerate(zip(index, grid))
+                        if d not in grid_mapping.vmapped_dims)
+        with pallas_core.grid_env(env):
+            for s in scalars:
+                if isinstance(s.dtype, jcore.bint):
+                    s.aval = jcore.typeof(s).update(dtype=jnp.int32)
+            starts = [bm.compute_start_indices_interpret(index, *scalars) for bm in mappings]
+        blocks = [hlo._dynamic_slice(starts[k], shapes[k], arrays[k], squeezed[k]) for k in range(len(operands))]
+        with pallas_core.grid_env(env):
+            result = jcore.eval_jaxpr(kernel, kernel_consts, *scalars, *blocks, *held_scratch)
+        new_blocks = result[first:first + len(operands)]
+        new_scratch = result[first + len(operands):]
+        new_held = [hlo._dynamic_update_slice(starts[k], shapes[k], arrays[k], new_blocks[k], squeezed[k])
+                    for k in carried]
+        return (i + 1, hlo._get_next_indices(grid, index), *new_held, *new_scratch)
+
+    start = (jnp.int32(0), (jnp.int32(0),) * len(grid), *[operands[k] for k in carried], *scratch)
+    _, _, *final = lax.while_loop(lambda state: state[0] < steps, body, start)
+    final_outs = final[len(carried) - len(outs):len(carried)]
+    result = []
+    for o, bm in zip(final_outs, grid_mapping.block_mappings_output, strict=True):
+        padding = [d.padding if isinstance(d, pallas_core.Element) else (0, 0) for d in bm.block_shape]
+        if any(p != (0, 0) for p in padding):
+            low, high = zip(*padding, strict=True)
+            o = lax.slice(o, low, [s - p for s, p in zip(o.shape, high, strict=True)])
+        if o.shape != bm.array_aval.shape:
+            o = lax.slice(o, (0,) * o.ndim, bm.array_aval.shape)
+        result.append(o)
+    return result
+
+
+@contextlib.contextmanager
+def installed() -> Iterator[None]:
+    """Within the block, a ``pallas_call`` lowered with ``interpret=True`` runs :func:`grid_loop`."""
+    original: Any = getattr(hlo, _PATCHED, None)
+    if original is None:
+        raise RuntimeError(f"jax._src.pallas.hlo_interpreter.{_PATCHED} is gone: this jax is not the "
+                           "pinned one (pyproject.toml); reinstall with scripts/test.sh")
+    setattr(hlo, _PATCHED, grid_loop)
+    try:
+        yield
+    finally:
+        setattr(hlo, _PATCHED, original)
