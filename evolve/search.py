@@ -39,7 +39,7 @@ from evolve.config import RunConfig
 from evolve.individual import Individual
 from evolve.surrogate import Surrogate
 from evolve.variation import block_shapes, crossover, drop_edit, mutate
-from mutations import all_operators, read_tunables
+from mutations import all_operators, block_values, read_tunables
 
 
 
@@ -131,10 +131,11 @@ class Search:
         self.seen: set[str] = set()
         self.taken: list[Individual] = []             # items taken in, in index order
         tunables = surrogate_tunables(self.operators, seed_source, task)
-        self.cell_tunables = [name for name in read_tunables(seed_source) if task.legal_values(name) is not None]
+        self.cell_tunables = list(block_values(seed_source, task))
         shape = [name for name in self.cell_tunables if name in tunables]
         self.surrogate = Surrogate([op.name for op in self.operators], tunables,
-                                   pairs=[(a, b) for i, a in enumerate(shape) for b in shape[i + 1:]])
+                                   pairs=[(a, b) for i, a in enumerate(shape) for b in shape[i + 1:]],
+                                   read=lambda source: read_tunables(source) | block_values(source, task))
         self.credit: dict[str, list[int]] = {}        # operator -> [tries, wins over the parent]
         self.speedups: dict[str, float] = {}          # individual id -> speedup (PASS only)
         self.learned: set[str] = set()
@@ -191,7 +192,7 @@ class Search:
 
     def cell(self, ind: Individual) -> tuple:
         if ind.id not in self.cells:
-            values = read_tunables(ind.source)
+            values = block_values(ind.source, self.task)
             self.cells[ind.id] = tuple(values.get(name) for name in self.cell_tunables)
         return self.cells[ind.id]
 

@@ -12,6 +12,7 @@ simply not bred this generation. Deterministic: numpy least squares, no randomne
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -22,8 +23,9 @@ RIDGE = 1e-2
 
 
 def features(source: str, edits: list[dict[str, Any]], operators: list[str],
-             tunables: list[str], pairs: list[tuple[str, str]] = ()) -> np.ndarray:
-    values = read_tunables(source)
+             tunables: list[str], pairs: list[tuple[str, str]] = (),
+             read: Callable[[str], dict[str, int]] = read_tunables) -> np.ndarray:
+    values = read(source)
     logs = {t: math.log2(values[t]) if values.get(t, 0) > 0 else 0.0 for t in tunables}
     used = {e.get("op") for e in edits}
     row = [1.0]
@@ -39,9 +41,10 @@ class Surrogate:
     """Fit on (source, edits, cycles); predict log-cycles for new (source, edits)."""
 
     def __init__(self, operators: list[str], tunables: list[str], min_points: int = 6,
-                 pairs: list[tuple[str, str]] = ()) -> None:
+                 pairs: list[tuple[str, str]] = (),
+                 read: Callable[[str], dict[str, int]] = read_tunables) -> None:
         self.operators, self.tunables, self.min_points = list(operators), list(tunables), min_points
-        self.pairs = list(pairs)
+        self.pairs, self.read = list(pairs), read
         self.rows: list[np.ndarray] = []
         self.targets: list[float] = []
         self.seen: set[str] = set()
@@ -51,7 +54,7 @@ class Surrogate:
         if key in self.seen or not cycles:
             return
         self.seen.add(key)
-        self.rows.append(features(source, edits, self.operators, self.tunables, self.pairs))
+        self.rows.append(features(source, edits, self.operators, self.tunables, self.pairs, self.read))
         self.targets.append(math.log(cycles))
         self.coef = None
 
@@ -66,4 +69,4 @@ class Surrogate:
             reg = RIDGE * np.eye(x.shape[1])
             reg[0, 0] = 0.0                      # the intercept is not shrunk
             self.coef = np.linalg.solve(x.T @ x + reg, x.T @ y)
-        return float(features(source, edits, self.operators, self.tunables, self.pairs) @ self.coef)
+        return float(features(source, edits, self.operators, self.tunables, self.pairs, self.read) @ self.coef)

@@ -87,21 +87,29 @@ def block_shapes(seed: Individual, task: Any, rng: random.Random, count: int, ge
     order; with probability ``chained`` each is followed by a chain of 1..max_chain-1
     other operators, drawn to cover every operator before any repeats: a first population that
     spans the block shapes and tells the search (and its surrogate) what each operator does."""
-    from mutations import get_operator, legal_values, read_tunables
+    from mutations import block_values, get_operator, legal_values, read_tunables
 
-    current = read_tunables(seed.source)
-    names = [n for n in current if task.legal_values(n) is not None]     # in the source's order
-    shapes = covering_shapes([legal_values(n, task) for n in names], tuple(current[n] for n in names), rng)
+    current = block_values(seed.source, task)              # in the source's order
+    names = list(current)
+    fields = not set(names) & set(read_tunables(seed.source))   # a production module's block fields
+    shapes = covering_shapes([legal_values(n, task) for n in names], tuple(current.values()), rng)
     blocks = get_operator("block_sizes")
     pool = all_operators() if operators is None else operators
     used = {op.name: 0 for op in pool if op.name != "block_sizes"}
     children = []
-    for shape in shapes[:count]:
+    for shape in shapes:
+        if len(children) == count:
+            break
         source, edits = seed.source, []
-        for name, value in zip(names, shape):
-            result = blocks.apply_params(source, task, {"tunable": name, "value": value})
+        # Fields are set as one shape (a minor block must divide its major one at every step).
+        moves = ([{"shape": {n: v for n, v, old in zip(names, shape, current.values()) if v != old}}]
+                 if fields else [{"tunable": n, "value": v} for n, v in zip(names, shape)])
+        for params in moves:
+            result = blocks.apply_params(source, task, params)
             if result.applied:
                 source, edits = result.source, edits + [result.edit]
+        if not edits:
+            continue
         child = Individual(source, edits=[e.to_dict() for e in edits], parent_ids=(seed.id,),
                            operator="+".join(e.op for e in edits), generation=generation,
                            params={"chain": [e.to_dict() for e in edits]} if len(edits) > 1 else

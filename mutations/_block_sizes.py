@@ -13,9 +13,33 @@ from ._base import APPLICABLE, Applicability, NotApplicable, Operator, parse
 from ._tunables import module_ints, set_tunable
 
 def legal_values(name: str, task: Any) -> list[int]:
-    """Legal values of a module-level tunable, ascending: the task's rule (the seed knows its
-    kernel's tiling), or none if the task does not know the tunable."""
-    return list(task.legal_values(name) or [])
+    """Legal values of a block knob, ascending: the task's rule (the seed knows its kernel's
+    tiling) for a module-level tunable, or for the tunable a production module's block field maps
+    onto (``block_k_major`` -> BLOCK_KV); none if the task does not know it."""
+    return list(task.legal_values(F.FIELD_TUNABLES.get(name, name)) or [])
+
+
+def block_values(source: str, task: Any) -> dict[str, int]:
+    """The kernel's block knobs that the task has legal values for, by name, in the source's order:
+    its module-level constants (our seeds: BLOCK_Q, BLOCK_KV, HEADS_PER_PROGRAM) or, without
+    any, the block fields on the forward path from the task's entry (JAX's ``BlockSizes``:
+    block_q, block_k_major, block_k). What the search's first population covers, its cells and
+    its surrogate read, whichever idiom the kernel holds its blocks in. ``{}`` if unparsable."""
+    try:
+        module = parse(source)
+    except Exception:  # noqa: BLE001 - an unparsable source has none
+        return {}
+    ints = module_ints(module)
+    present = set(_tunables(module, task))
+    if present:
+        return {name: value for name, value in ints.items() if name in present}
+    with _sites.scope(task):
+        return {name: f.value for name, f in _fields(module, task).items()}
+
+
+def consistent(values: dict[str, int]) -> bool:
+    """Whether a set of block values keeps every minor block dividing its major one."""
+    return F.consistent(values) is None
 
 
 def _tunables(module: cst.Module, task: Any) -> list[str]:

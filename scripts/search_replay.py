@@ -1,7 +1,7 @@
 """Replay the search under the compiler estimate alone: a design tool for the search itself.
 
     .venv/bin/python scripts/search_replay.py [--seeds 0,1,2,3,4] [--generations 4] [--niches 2]
-        [--chip v5e] [--shape B=1,H=8,N=2048,D=128] [--strategy ga] [--cache FILE]
+        [--chip v5e] [--shape B=1,H=8,N=2048,D=128] [--strategy ga] [--cache FILE] [--start jax]
 
 Runs the strategy's ``Search`` exactly as ``evolve run`` does (same breeding, lag 4 as with two
 workers, the cascade's cut), but each kernel's verdict is only the judge's estimate
@@ -24,6 +24,7 @@ from pathlib import Path
 from evaluator.judge import Judge, JudgeConfig
 from evaluator.result import EvalResult, Metrics, Status
 from evolve.config import JudgeSettings, RunConfig, SearchConfig, TaskConfig
+from evolve.start import resolve_start
 from evolve.strategies import strategy_class
 
 
@@ -38,9 +39,11 @@ def main() -> int:
     p.add_argument("--niches", type=int, default=SearchConfig.niches)
     p.add_argument("--strategy", default="ga")
     p.add_argument("--cache", default=None, help="the figures' cache (default /tmp/search-replay-CHIP-TASK.json)")
+    p.add_argument("--start", default=None, help="start from this module or file (as evolve run --start)")
     a = p.parse_args()
-    task_cfg = TaskConfig(seed=a.seed, shape=a.shape)
+    task_cfg = TaskConfig(seed=a.seed, shape=a.shape, start=a.start)
     task, seed = task_cfg.task(), task_cfg.load_seed()
+    source = resolve_start(a.start, seed).source
     path = Path(a.cache or f"/tmp/search-replay-{a.chip}-{task.key.replace('/', '_')}.json")
     cache = json.loads(path.read_text()) if path.exists() else {}
     lock = threading.Lock()
@@ -76,7 +79,7 @@ def main() -> int:
         config = RunConfig(search=SearchConfig(population=a.population, generations=a.generations,
                                                rng_seed=rng_seed, lag=4, niches=a.niches),
                            task=task_cfg, judge=JudgeSettings(chip=a.chip))
-        search = strategy_class(a.strategy)(config, seed.kernel_source, task, evaluate=evaluate, record=record)
+        search = strategy_class(a.strategy)(config, source, task, evaluate=evaluate, record=record)
         start = time.monotonic()
         with concurrent.futures.ThreadPoolExecutor(2) as executor:
             champion = search.run(executor)
