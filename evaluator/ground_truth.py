@@ -10,14 +10,14 @@ interpreter on them, and a node that judges for this judge (it is sent the array
 worker never sees an input, a seed or a value derived from one, and a set's label (which error
 messages and the archive carry) names its distribution, never its seed.
 
-What stays public, and why that is safe:
-
-* **The timing input's integers** (the decode task's cache lengths): the HBM traffic model reads
-  them, and the figure must be the same whatever the draw. They are the small integer inputs of
-  the task's first correctness set, made with its public seed (``timing_input``); the first secret
-  set uses them with secret values, so the input the figure is of is also checked for correctness.
-* **The figures**: the compiler's estimate reads no input, so a kernel re-judged gets the same
-  figure from every draw.
+The timing input is the first input set, a secret draw like the others: its small integers
+(the decode task's cache lengths) are what the HBM traffic model's index maps and the counted
+loops and branches (``trips.py``) are evaluated on, so the figure is of the data the kernel was
+also checked on, and no kernel can recognise it (a kernel that did less work on a known timing
+input than on others like it would be timed on its cheap path). A judge draws it once per task:
+every candidate of one run is timed on the same lengths, and a figure that depends on the lengths
+moves between judges by as much as the work does (the README gives the spread). A kernel whose
+work does not depend on its data gets the same figure from every draw.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ class GroundTruth:
     inputs: tuple
     f32: np.ndarray
     program_out: np.ndarray | None = None
+    magnitude: np.ndarray | None = None    # the task's SeedTask.magnitude on the same inputs
 
 
 def set_counts(task: SeedTask, explicit: Sequence[tuple[str, int]] | None = None) -> tuple[int, int]:
@@ -47,29 +48,31 @@ def set_counts(task: SeedTask, explicit: Sequence[tuple[str, int]] | None = None
     return sets, 0 if explicit else sets
 
 
-def timing_input(task: SeedTask, explicit: Sequence[tuple[str, int]] | None = None) -> dict[str, np.ndarray]:
-    """The public timing input: the small integer inputs (e.g. cache lengths) of the task's first
-    correctness set, made with its public seed; what the HBM model's index maps are evaluated on."""
-    dist, seed = (explicit or task.correctness_inputs)[0]
+def timing_seed(explicit: Sequence[tuple[str, int]] | None = None) -> int:
+    """The seed of the timing input (the first input set): a secret draw, or the first explicit set's."""
+    return explicit[0][1] if explicit else secrets.randbits(63)
+
+
+def timing_input(task: SeedTask, seed: int, explicit: Sequence[tuple[str, int]] | None = None
+                 ) -> dict[str, np.ndarray]:
+    """The timing input's small integer inputs (e.g. cache lengths), made with ``seed`` (see
+    :func:`timing_seed`): what the HBM model's index maps and the counted trips are evaluated on."""
+    dist = (explicit or task.correctness_inputs)[0][0]
     return {name: np.asarray(a) for name, a in task.small_inputs(seed, dist).items()
             if np.issubdtype(np.asarray(a).dtype, np.integer)}
 
 
-def draw(task: SeedTask, explicit: Sequence[tuple[str, int]] | None = None) -> list[tuple[str, tuple]]:
+def draw(task: SeedTask, explicit: Sequence[tuple[str, int]] | None = None,
+         first_seed: int | None = None) -> list[tuple[str, tuple]]:
     """The input sets of one judge, (label, arrays) each: fresh secret draws, one per distribution of
-    the task's sets; ``explicit`` ((distribution, seed) pairs) gives public sets instead (for a user
-    who wants to reproduce a failure; such a judge's verdicts record 0 secret sets)."""
+    the task's sets, the first made with ``first_seed`` (the timing input's, :func:`timing_seed`);
+    ``explicit`` ((distribution, seed) pairs) gives public sets instead (for a user who wants to
+    reproduce a failure; such a judge's verdicts record 0 secret sets)."""
     if explicit:
         return [(f"input {dist} seed {seed}", tuple(task.make_inputs(seed, dist))) for dist, seed in explicit]
-    public = timing_input(task)
     sets = []
     for i, (dist, _) in enumerate(task.correctness_inputs):
-        arrays = list(task.make_inputs(secrets.randbits(63), dist))
-        label = f"input set {i + 1} ({dist}, secret draw)"
-        if i == 0 and public:
-            for j, name in enumerate(task.input_names):
-                if name in public:
-                    arrays[j] = public[name].astype(np.asarray(arrays[j]).dtype)
-            label = f"input set 1 ({dist}, secret values, the public timing input's {', '.join(public)})"
-        sets.append((label, tuple(arrays)))
+        seed = first_seed if i == 0 and first_seed is not None else secrets.randbits(63)
+        label = f"input set {i + 1} ({dist}, secret draw{'; the timing input' if i == 0 else ''})"
+        sets.append((label, tuple(task.make_inputs(seed, dist))))
     return sets

@@ -27,7 +27,7 @@ import numpy as np
 
 from evaluator.arrays import load_array, save_array
 from evaluator.children import Children, private_dir, stage_data, write_inputs
-from evaluator.ground_truth import GroundTruth, draw, timing_input
+from evaluator.ground_truth import GroundTruth, draw, timing_input, timing_seed
 from evaluator.timing import Timing
 from evaluator.verdicts import failure
 from evaluator.versions import versions
@@ -58,6 +58,7 @@ class References:
         self._figures: dict[str, Timing] = {}
         self._truth: dict[SeedTask, list[GroundTruth]] = {}
         self._timing_inputs: dict[SeedTask, dict[str, np.ndarray]] = {}
+        self._timing_seeds: dict[SeedTask, int] = {}      # secret: the first input set's seed
 
     # ---- what the judge asks --------------------------------------------------------------------
     def truth(self, task: SeedTask) -> list[GroundTruth]:
@@ -82,14 +83,30 @@ class References:
         with self._lock:
             self._truth[task] = list(truth)
             self._figures[self.key(task)] = figure
+            # the timing input is the first set's small integers (the other judge's secret draw)
+            self._timing_inputs[task] = {
+                name: np.asarray(a) for name, a in zip(task.input_names, truth[0].inputs, strict=True)
+                if np.issubdtype(np.asarray(a).dtype, np.integer) and np.asarray(a).nbytes <= task.SMALL_INPUT_BYTES}
 
-    def write_timing_input(self, task: SeedTask, directory: Path) -> str:
-        """The public timing input's arrays (``ground_truth.timing_input``: small integers such as
-        cache lengths) written to ``directory``, for index maps that read them."""
+    def _timing_seed(self, task: SeedTask) -> int:
+        """The secret seed of this judge's timing input for ``task`` (drawn once). Under the lock."""
+        if task not in self._timing_seeds:
+            self._timing_seeds[task] = timing_seed(self.config.correctness_inputs)
+        return self._timing_seeds[task]
+
+    def timing_arrays(self, task: SeedTask) -> dict[str, np.ndarray]:
+        """The timing input's small integers (``ground_truth.timing_input``, e.g. cache lengths):
+        those of the first input set every candidate is checked on, a secret draw."""
         with self._lock:
             if task not in self._timing_inputs:
-                self._timing_inputs[task] = timing_input(task, self.config.correctness_inputs)
-            arrays = self._timing_inputs[task]
+                self._timing_inputs[task] = timing_input(task, self._timing_seed(task),
+                                                         self.config.correctness_inputs)
+            return self._timing_inputs[task]
+
+    def write_timing_input(self, task: SeedTask, directory: Path) -> str:
+        """:meth:`timing_arrays` written to ``directory`` (private to the trusted runner), for the
+        index maps and the counted loops that read them."""
+        arrays = self.timing_arrays(task)
         directory.mkdir()
         for name, array in arrays.items():
             save_array(directory / f"{name}.npy", array)
@@ -104,8 +121,8 @@ class References:
 
     # ---- making them ------------------------------------------------------------------------------
     def _make(self, task: SeedTask) -> list[GroundTruth]:
-        sets = [GroundTruth(label, inputs, task.reference(*inputs))
-                for label, inputs in draw(task, self.config.correctness_inputs)]
+        sets = [GroundTruth(label, inputs, task.reference(*inputs), magnitude=task.magnitude(*inputs))
+                for label, inputs in draw(task, self.config.correctness_inputs, self._timing_seed(task))]
         figure = self.cached(task)
         private = private_dir("ref")
         try:

@@ -92,7 +92,7 @@ def compare_chips(out: np.ndarray, truth: GroundTruth, task: SeedTask, chips: in
     must hold the right answer (the first that does not is the verdict)."""
     atol, rtol = task.tolerance
     kwargs = dict(expected_dtype=task.output_dtype, atol=atol, rtol=rtol, baseline=truth.program_out,
-                  baseline_factor=factor)
+                  baseline_factor=factor, magnitude=truth.magnitude)
     if chips == 1:
         return compare(out, truth.f32, label=truth.label, **kwargs)
     if out.shape != (chips, *truth.f32.shape):

@@ -121,6 +121,10 @@ class Task(SeedTask):
     def reference(self, q, k, v):
         return reference_f32(self, q, k, v)
 
+    def magnitude(self, q, k, v):
+        """softmax(q k^T) @ |v|: large where a few large values of v are summed (``outliers``)."""
+        return reference_f32(self, q, k, np.abs(np.asarray(v, np.float32)))
+
     def reference_program(self):
         return reference_program(self)
 

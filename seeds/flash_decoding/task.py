@@ -60,6 +60,9 @@ class Task(SeedTask):
     q_len: int = 1
     dtype: str = "bfloat16"
     chips: int = 1
+    # The judge's timing input's lengths (a secret draw, ``measured_on``); None: the first
+    # correctness set's, made with its public seed. Not part of the task's identity.
+    timed_lengths: tuple[int, ...] | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         check_positive_ints(self, ("batch", "heads", "kv_heads", "kv_len", "head_dim", "q_len", "chips"))
@@ -99,10 +102,17 @@ class Task(SeedTask):
 
     @property
     def timing_lengths(self) -> np.ndarray:
-        """The cache lengths of the judge's timing input (its first correctness input): the
-        useful work and the unavoidable bytes below are those of the problem the figure is of."""
+        """The cache lengths of the judge's timing input (its first input set, ``measured_on``):
+        the useful work and the unavoidable bytes below are those of the problem the figure is of.
+        Without a judge's: those of the first correctness set with its public seed."""
+        if self.timed_lengths is not None:
+            return np.asarray(self.timed_lengths, np.int32)
         distribution, seed = self.correctness_inputs[0]
         return self.lengths(seed, distribution)
+
+    def measured_on(self, arrays):
+        return dataclasses.replace(self, timed_lengths=tuple(int(x) for x in arrays["lengths"])) \
+            if "lengths" in arrays else self
 
     @property
     def flops(self) -> float:
@@ -192,6 +202,10 @@ class Task(SeedTask):
         p = np.exp(s)
         p /= p.sum(axis=-1, keepdims=True)
         return np.einsum("bhtn,bhnd->bhtd", p, v32)
+
+    def magnitude(self, q, k, v, lengths):
+        """softmax(q k^T) @ |v| over each sequence's valid entries."""
+        return self.reference(q, k, np.abs(np.asarray(v, np.float32)), lengths)
 
     def reference_program(self):
         """The plain XLA program speedups are quoted against (jnp, f32 softmax). The query heads
