@@ -45,8 +45,10 @@ def _written(jaxpr: jcore.Jaxpr, first: int, count: int) -> list[bool]:
 
 
 def grid_loop(*args, jaxpr, debug, input_output_aliases, grid_mapping, mesh, compiler_params,
-              cost_estimate, out_avals, metadata, name, **_):
-    """``pallas_call`` interpreted on the host: Pallas' semantics, operands not carried."""
+              cost_estimate, out_avals, metadata, name, count: bool = False, **_):
+    """``pallas_call`` interpreted on the host: Pallas' semantics, operands not carried. ``count``:
+    also return the kernel's data-dependent sites and their counts, summed over the grid
+    (``trips.py``): ``(outputs, sites, counts)``."""
     del debug, mesh, compiler_params, cost_estimate, out_avals, metadata, name
     dynamic, args = args[:grid_mapping.num_dynamic_grid_bounds], args[grid_mapping.num_dynamic_grid_bounds:]
     bounds = iter(dynamic)
@@ -66,6 +68,20 @@ def grid_loop(*args, jaxpr, debug, input_output_aliases, grid_mapping, mesh, com
             x = lax.pad(x, primitives.uninitialized_value(shape=(), dtype=x.dtype), [(*p, 0) for p in padding])
         operands[k] = hlo._pad_to_block_dimension(x, shapes[k])
     scratch = [primitives.uninitialized_value(a.shape, a.dtype) for a in scratch_avals]
+    counter = None
+    if count:
+        from evaluator import dmas, trips, variants
+
+        copies = dmas.dmas(jaxpr)
+        if copies:     # a marker after each DMA start, counted as the run passes it
+            marked = variants.retrace(jaxpr, grid_mapping, {}, {d.path: i for i, d in enumerate(copies)})
+            kernel, kernel_consts, _ = hlo.kernel_to_hlo_jaxpr(marked, (), grid_mapping)
+        found = trips.sites(kernel)
+        if not trips.same_sites(trips.sites(jaxpr), found):
+            raise trips.Uncountable("the kernel's loops and branches on data do not match the interpreted kernel's")
+        counter = trips.Counter(found, dmas.marks(kernel))
+        if len(counter.offset) != len(found) + len(copies):
+            raise trips.Uncountable("a DMA of the kernel has no marker in the interpreted kernel")
 
     n_in = len(operands) - len(outs)
     first = len(scalars)
@@ -75,7 +91,7 @@ def grid_loop(*args, jaxpr, debug, input_output_aliases, grid_mapping, mesh, com
     steps = functools.reduce(lambda a, b: a * b, grid, 1) if grid else 1
 
     def body(state):
-        i, index, *rest = state
+        i, index, counts, *rest = state
         held, held_scratch = rest[:len(carried)], rest[len(carried):]
         arrays = dict(fixed) | dict(zip(carried, held, strict=True))
         if grid_mapping.local_grid_env is not None:
@@ -90,15 +106,20 @@ def grid_loop(*args, jaxpr, debug, input_output_aliases, grid_mapping, mesh, com
             starts = [bm.compute_start_indices_interpret(index, *scalars) for bm in mappings]
         blocks = [hlo._dynamic_slice(starts[k], shapes[k], arrays[k], squeezed[k]) for k in range(len(operands))]
         with pallas_core.grid_env(env):
-            result = jcore.eval_jaxpr(kernel, kernel_consts, *scalars, *blocks, *held_scratch)
+            if counter is None:
+                result = jcore.eval_jaxpr(kernel, kernel_consts, *scalars, *blocks, *held_scratch)
+            else:
+                result, delta = trips.count_eval(kernel, kernel_consts, [*scalars, *blocks, *held_scratch], counter)
+                counts = counts + delta
         new_blocks = result[first:first + len(operands)]
         new_scratch = result[first + len(operands):]
         new_held = [hlo._dynamic_update_slice(starts[k], shapes[k], arrays[k], new_blocks[k], squeezed[k])
                     for k in carried]
-        return (i + 1, hlo._get_next_indices(grid, index), *new_held, *new_scratch)
+        return (i + 1, hlo._get_next_indices(grid, index), counts, *new_held, *new_scratch)
 
-    start = (jnp.int32(0), (jnp.int32(0),) * len(grid), *[operands[k] for k in carried], *scratch)
-    _, _, *final = lax.while_loop(lambda state: state[0] < steps, body, start)
+    zero = counter.zeros() if counter is not None else jnp.zeros((0,), jnp.int32)
+    start = (jnp.int32(0), (jnp.int32(0),) * len(grid), zero, *[operands[k] for k in carried], *scratch)
+    _, _, counts, *final = lax.while_loop(lambda state: state[0] < steps, body, start)
     final_outs = final[len(carried) - len(outs):len(carried)]
     result = []
     for o, bm in zip(final_outs, grid_mapping.block_mappings_output, strict=True):
@@ -109,6 +130,8 @@ def grid_loop(*args, jaxpr, debug, input_output_aliases, grid_mapping, mesh, com
         if o.shape != bm.array_aval.shape:
             o = lax.slice(o, (0,) * o.ndim, bm.array_aval.shape)
         result.append(o)
+    if counter is not None:
+        return result, found, counts, copies
     return result
 
 

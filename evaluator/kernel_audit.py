@@ -71,6 +71,10 @@ _BENIGN_TARGETS = {
 _HOST_TRANSFER_OPS = {"stablehlo.send", "stablehlo.recv", "stablehlo.infeed", "stablehlo.outfeed"}
 _XLA_CONTROL = {"stablehlo.while": "xla_loop", "stablehlo.case": "xla_branch",
                 "stablehlo.if": "xla_branch"}
+# The constructs whose work the trusted runner counts on the timing input instead of refusing
+# the figure (``trips.py``), when it has an interpreted run to count them in.
+COUNTED_ON_DATA = ("data_dependent_loop", "data_dependent_branch")
+
 _DETAILS = {
     "xla_loop": "an XLA loop around the kernel: the static estimate counts its body once, "
                 "whatever the trip count",

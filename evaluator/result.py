@@ -47,6 +47,7 @@ class Metrics:
     hbm_util: float | None = None
     regime: str | None = None                          # "compute-bound" or "memory-bound"
     roofline_latency_s: float | None = None
+    hbm_bytes: int | None = None                       # what the figure counts through HBM (its floor)
     vmem_bytes: int | None = None
     copy_trap: bool | None = None
     chips: int | None = None                           # chips the kernel ran on (a task's mesh: 1 or all)

@@ -154,6 +154,60 @@ def _mesh_hbm_facts(compiled, closed, first, task, req: dict, specs: list) -> di
             "per_chip_kernel_bytes": per_chip, "hbm_notes": notes, "hbm_blind": blind}
 
 
+def _llo_dir():
+    """Where libtpu writes its static profiles in this process (the timing source set it)."""
+    import os
+    from pathlib import Path
+
+    from evaluator.timing.compiler_estimate import DUMP_FLAG
+
+    match = re.search(re.escape(DUMP_FLAG) + r"=(\S+)", os.environ.get("LIBTPU_INIT_ARGS", ""))
+    return Path(match.group(1)) if match else None
+
+
+def _count_trips(closed, counting, counted, device, specs) -> dict:
+    """The figure of a kernel whose work depends on its data, counted on the timing input:
+    loops and branches by static variants (trips.py), every variant compiled for the chip and its
+    estimate read (the program's own profiles are kept aside, ``llo_static``); the kernels' own
+    DMAs by the bytes they moved (dmas.py). The facts name every site, variant and DMA."""
+    import time
+
+    import jax
+    from jax.sharding import SingleDeviceSharding
+
+    from evaluator import dmas, trips
+    from evaluator.timing.compiler_estimate import read_cycles
+
+    t0 = time.perf_counter()
+    llo = _llo_dir()
+    if llo is None:
+        return {"error": "no static profile directory: the counted figure needs the compiler estimate"}
+    args = [jax.ShapeDtypeStruct(s, d, sharding=SingleDeviceSharding(device)) for s, d in specs]
+
+    def estimate(choice) -> int:
+        for path in llo.glob("*") if llo.is_dir() else ():
+            path.unlink()
+        jax.jit(trips.variant_program(closed, choice)).lower(*args).compile()
+        cycles, why = read_cycles(llo)
+        if cycles is None:
+            raise trips.Uncountable(f"a variant has no estimate: {why}")
+        return cycles
+
+    try:
+        found = trips.kernel_sites(closed)
+        counts = [jax.device_get(c) for c in counted]
+        facts = dmas.counted(counting.dmas, trips.dma_starts(found, counts))
+        if any(found):
+            llo.rename(llo.with_name("llo_static"))
+            facts |= trips.figure(found, counts, estimate)
+        else:                 # no loop or branch on data: the program's own estimate stands
+            cycles, why = read_cycles(llo)
+            facts |= {"cycles": cycles} if cycles is not None else {"error": why}
+    except trips.Uncountable as exc:
+        facts = {"error": str(exc)}
+    return facts | {"trips_time_s": time.perf_counter() - t0}
+
+
 def _within(context, fn):
     """``fn`` called inside ``context()`` (a jit lowers at its first call)."""
     def call(*args):
@@ -196,6 +250,7 @@ def main(request_path: str) -> int:
         import jax.numpy as jnp
         from jax.sharding import SingleDeviceSharding
 
+        count = False      # loops and branches on data to count (a candidate's, set below)
         if req["mode"] == "reference":
             from seeds import task_from_source
 
@@ -209,7 +264,7 @@ def main(request_path: str) -> int:
                                                     constant_budget=req.get("constant_budget"))
             stage = "audit"
             reporter.stage(stage)
-            from evaluator.kernel_audit import audit_exported
+            from evaluator.kernel_audit import COUNTED_ON_DATA, audit_exported
 
             findings = [f for p in programs.values() for f in audit_exported(p)]
             reporter.send(event="stage_ok", stage=stage,
@@ -221,6 +276,11 @@ def main(request_path: str) -> int:
                 raise Refused("; ".join(f"{f.construct} in {f.where}: {f.detail}" for f in fatal))
             tpu_fn = programs["tpu"].call
             cpu_fn = programs["cpu"].call if "cpu" in programs else None
+            # Loops and branches on data: counted on the timing input (trips.py), where the
+            # estimate is the figure and there is a timing input to check (input set 1); and a
+            # kernel's own DMAs (below, once the traffic model has read the program).
+            count = (chips == 1 and not req["on_tpu"] and bool(req["inputs"]) and req.get("compile", True)
+                     and any(f.construct in COUNTED_ON_DATA for f in findings))
 
         compiled = device = task = None
         if chips > 1:
@@ -257,8 +317,11 @@ def main(request_path: str) -> int:
                                 req.get("timing_input"), names, specs)
             facts["trusted"] = req["mode"] == "reference"   # the task's own XLA program
             reporter.send(event="stage_ok", stage=stage, data=facts)
+            # A kernel's own DMAs (an operand left in HBM): counted on the timing input (dmas.py).
+            count = count or (req["mode"] != "reference" and facts.get("hbm_blind") and not req["on_tpu"]
+                              and bool(req["inputs"]))
 
-            prune = req.get("prune")
+            prune = None if count else req.get("prune")    # the static figure does not stand for it
             if prune:   # the cascade: a kernel too slow to matter is not checked
                 from pathlib import Path
 
@@ -288,6 +351,7 @@ def main(request_path: str) -> int:
                                          for n, (_, d) in zip(names, specs, strict=True)],
                                         run_devices, req["mesh_axis"])
         run_cpu = None if req["on_tpu"] or chips > 1 else jax.jit(cpu_fn)
+        counted = None
         for i, directory in enumerate(req["inputs"]):
             if chips > 1:
                 out = run(*mesh_args(directory))
@@ -297,12 +361,22 @@ def main(request_path: str) -> int:
             args = [_read_input(directory, name, d) for name, (_, d) in zip(names, specs, strict=True)]
             if run_cpu is None:
                 out = compiled(*[jax.device_put(a, device) for a in args])
+            elif i == 0 and count:   # the timing input, its loops and branches counted
+                from evaluator import trips
+
+                counting = trips.counting_program(closed)
+                out, counted = jax.jit(counting)(*[jnp.asarray(a) for a in args])
             else:
                 out = run_cpu(*[jnp.asarray(a) for a in args])
             jax.block_until_ready(out)
             outputs.append(_write_output(f"{req['out_dir']}/out{i}.npy", out))
         reporter.send(event="stage_ok", stage=stage,
                       data={"outputs": outputs, "correctness_time_s": time.perf_counter() - t0})
+
+        if counted is not None:
+            stage = "trips"
+            reporter.stage(stage)
+            reporter.send(event="stage_ok", stage=stage, data=_count_trips(closed, counting, counted, device, specs))
 
         if req["on_tpu"] and req.get("timing"):
             stage = "timing"

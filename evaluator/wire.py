@@ -51,6 +51,8 @@ _ALLOWED = {
     ("numpy._core.multiarray", "scalar"), ("numpy.core.multiarray", "scalar"),
     ("copyreg", "_reconstructor"), ("builtins", "object"), ("builtins", "frozenset"),
     ("builtins", "set"), ("builtins", "slice"), ("builtins", "complex"),
+    # Pallas TPU semaphore types (a kernel that issues its own DMAs waits on them).
+    ("jax._src.pallas.mosaic.core", "DMASemaphore"), ("jax._src.tree_util", "tracing_registry"),
 }
 
 

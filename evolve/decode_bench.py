@@ -9,7 +9,7 @@ shape). The kernels: the task's XLA program, the naive seed, and, given an ``evo
 4-chip kernels the ``chip_split`` operator makes of it (the task with ``--chips 4``: the cache split
 along its length over a v5e 2x2, judged by the judge's own 4-chip path, ``evaluator/mesh.py``), each combine
 tried; each checked once by the judge at a checkable shape).
-The 4-chip rows carry their own timing source (``compiler_estimate+hbm+ici_model``): the 1-chip
+The 4-chip rows carry their own timing source (``compiler_estimate+hbm+trips+ici_model``): the 1-chip
 rows' model (max(compute estimate, HBM floor)) plus the ICI model's collectives. Their speedup over
 the XLA reference is not quoted (another source); their ratio to the best 1-chip kernel, the
 same model without a collective, is.

@@ -80,13 +80,18 @@ def read_mesh_cycles(dump_dir: Path, hlo_text: str, chip_name: str):
 
 class CompilerEstimate(TimingSource):
     name = "compiler_estimate"
-    label = "compiler_estimate+hbm"     # before the HBM floor (2026-11-23): "compiler_estimate"
+    # Loops and branches on data counted on the timing input (2026-11-24, trips.py); before that
+    # "compiler_estimate+hbm" (they were refused), and before the HBM floor (2026-11-23)
+    # "compiler_estimate".
+    label = "compiler_estimate+hbm+trips"
     description = ("libtpu's static cycle estimate of the compiled program, never less than the "
-                   "program's HBM traffic over the chip's bandwidth, divided by the chip clock")
+                   "program's HBM traffic over the chip's bandwidth, divided by the chip clock; loops and "
+                   "branches on data counted on the timing input (static variants of the kernel)")
     cacheable = True
     prunable = True
     # Constructs the static estimate cannot count (measured in the README): such a kernel may be
-    # correct, but its estimate is not a figure (FAIL_TIMING naming the construct).
+    # correct, but its estimate is not a figure (FAIL_TIMING naming the construct), unless the
+    # runner counted them on the timing input (kernel_audit.COUNTED_ON_DATA, trips.py).
     blind_spots = ("data_dependent_loop", "data_dependent_branch", "xla_loop", "xla_branch", "unparsed_kernel")
 
     def label_for(self, task=None) -> str:
@@ -120,13 +125,26 @@ class CompilerEstimate(TimingSource):
             # Only the task's own XLA program (trusted) may have ops without an estimate: they are
             # counted by the program's HBM traffic. A candidate's never are (FAIL_TIMING).
             unestimated: list[str] | None = [] if facts.get("trusted") and hbm_bytes else None
-            cycles, why = read_cycles(scratch / "llo", unestimated=unestimated)
+            counted = stage_data.get("trips")
+            if counted is not None:   # loops and branches on data, counted on the timing input
+                cycles, why = counted.get("cycles"), counted.get("error", "")
+                note = (f"loops and branches on data counted on the timing input "
+                        f"({len(counted.get('sites', []))} site(s), {1 + len(counted.get('variants', []))} "
+                        "variant(s) compiled)") if cycles is not None else ""
+            else:
+                cycles, why = read_cycles(scratch / "llo", unestimated=unestimated)
             if unestimated:
                 note = ("ops without a static estimate, counted by the program's HBM traffic only: "
                         f"{', '.join(unestimated)}")
         if cycles is None:
             return Timing(None, error=why)
-        if facts.get("hbm_blind") or (chips > 1 and hbm_bytes is None):
+        counted = stage_data.get("trips") or {}
+        if facts.get("hbm_blind") and "dma_bytes" in counted and hbm_bytes is not None:
+            # the kernels' own DMAs, counted as they ran on the timing input (dmas.py)
+            hbm_bytes = int(hbm_bytes) + int(counted["dma_bytes"])
+            note = "; ".join(filter(None, [note, f"the kernels' own DMAs counted on the timing input: "
+                                                 f"{int(counted['dma_bytes']):,} bytes"]))
+        elif facts.get("hbm_blind") or (chips > 1 and hbm_bytes is None):
             return Timing(None, error=("the static estimate counts a DMA's issue, not its transfer, and "
                                        "this program moves data the HBM traffic model cannot count: "
                                        + "; ".join(facts.get("hbm_notes", [])[:3])

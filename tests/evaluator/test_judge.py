@@ -20,7 +20,7 @@ def test_seed_passes_with_compiler_estimate(judge, seed_source, task):
     assert m.vmem_bytes and m.vmem_bytes > 0
     assert m.max_abs_error is not None and m.max_abs_error < 0.5
     assert m.regime in ("compute-bound", "memory-bound")
-    assert r.provenance.timing_source == "compiler_estimate+hbm"
+    assert r.provenance.timing_source == "compiler_estimate+hbm+trips"
     assert r.provenance.libtpu_version and r.provenance.chip == "v5e"
 
 

@@ -140,7 +140,7 @@ def test_a_four_chip_kernel_passes_on_every_chip_and_is_timed_with_its_collectiv
     for name in ("gather", "packed"):
         r = verdicts[name]
         assert r.status == Status.PASS, (name, r.error)
-        assert r.provenance.timing_source == "compiler_estimate+hbm+ici_model" and r.metrics.chips == 4
+        assert r.provenance.timing_source == "compiler_estimate+hbm+trips+ici_model" and r.metrics.chips == 4
         # The whole task's bytes over four chips' bandwidth: a 4-chip kernel is not SUSPECT.
         assert 0 < r.metrics.hbm_util < 1 and r.metrics.roofline_latency_s < r.metrics.latency_s
 
@@ -148,7 +148,7 @@ def test_a_four_chip_kernel_passes_on_every_chip_and_is_timed_with_its_collectiv
 def test_a_one_chip_kernel_of_a_four_chip_task_is_read_by_the_same_model(verdicts):
     r = verdicts["naive"]
     assert r.status == Status.PASS and r.metrics.chips == 1, r.error
-    assert r.provenance.timing_source == "compiler_estimate+hbm+ici_model"
+    assert r.provenance.timing_source == "compiler_estimate+hbm+trips+ici_model"
     # Each chip reads a quarter of the cache: under one model, the split kernel is faster.
     assert verdicts["gather"].metrics.latency_s < r.metrics.latency_s / 2
 

@@ -115,17 +115,25 @@ def test_explicit_sets_are_public_and_recorded_so():
     assert np.array_equal(drawn[0][1][0], TASK.make_inputs(0, "normal")[0])
 
 
-def test_the_timing_set_keeps_the_public_lengths_and_only_them():
-    task = DecodeTask(batch=4, heads=2, kv_heads=1, kv_len=512, head_dim=128)
-    public = ground_truth.timing_input(task)
-    assert list(public) == ["lengths"] and np.array_equal(public["lengths"], task.timing_lengths)
-    a, b = ground_truth.draw(task), ground_truth.draw(task)
-    assert ground_truth.set_counts(task) == (3, 3)
-    for drawn in (a, b):
-        assert len(drawn) == 3
-        assert np.array_equal(drawn[0][1][3], task.timing_lengths)     # the input the figure is of
-    assert not np.array_equal(np.asarray(a[0][1][0], np.float32), np.asarray(b[0][1][0], np.float32))
-    assert any(not np.array_equal(x[i][1][3], task.timing_lengths) for x in (a, b) for i in (1, 2))
+def test_the_timing_input_is_the_first_set_a_secret_draw_kept_for_the_judge():
+    task = DecodeTask(batch=8, heads=2, kv_heads=1, kv_len=4096, head_dim=128)
+    seed = ground_truth.timing_seed()
+    timed = ground_truth.timing_input(task, seed)
+    assert list(timed) == ["lengths"]
+    drawn = ground_truth.draw(task, None, seed)
+    assert ground_truth.set_counts(task) == (3, 3) and len(drawn) == 3
+    assert np.array_equal(drawn[0][1][3], timed["lengths"])         # the input the figure is of is checked
+    assert "timing input" in drawn[0][0] and str(seed) not in drawn[0][0]
+    # Not the public lengths a kernel could know, and another judge draws others.
+    assert not np.array_equal(timed["lengths"], task.timing_lengths)
+    one, other = Judge(JudgeConfig()).references, Judge(JudgeConfig()).references
+    assert np.array_equal(one.timing_arrays(task)["lengths"], one.timing_arrays(task)["lengths"])
+    assert not np.array_equal(one.timing_arrays(task)["lengths"], other.timing_arrays(task)["lengths"])
+    # The work the figure is judged against is that of the drawn lengths.
+    work = task.measured_on(one.timing_arrays(task))
+    assert work.key == task.key and work == task
+    assert work.bytes_moved != task.bytes_moved
+    assert np.array_equal(work.timing_lengths, one.timing_arrays(task)["lengths"])
 
 
 def test_the_tempered_distribution_draws_its_temperature_from_the_seed():

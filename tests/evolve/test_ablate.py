@@ -18,7 +18,7 @@ def test_ablate_json_has_every_operator_the_grid_and_jax(tmp_path):
     for row in rows:
         assert {"label", "edits", "status", "estimated_cycles", "latency_s", "speedup_vs_reference",
                 "timing_source", "chip", "libtpu_version"} <= set(row)
-        assert row["timing_source"] == "compiler_estimate+hbm" and row["chip"] == "v5e"
+        assert row["timing_source"] == "compiler_estimate+hbm+trips" and row["chip"] == "v5e"
     by_op = {row["edits"][-1]["op"]: row for row in rows if row["label"].startswith("seed + ")}
     # Every operator that applies to flash attention (directly or after another); the decode
     # operators say "not applicable" and get no row.

@@ -27,7 +27,8 @@ SEED, CHILD, CHAMPION, BROKEN = ("x = 0\n", "x = 1\n", "x = 2\n", "x = (\n")
 
 
 def _result(speedup: float | None, cycles: int | None) -> EvalResult:
-    prov = Provenance(timing_source="compiler_estimate+hbm", chip="v5e", libtpu_version="0.0.1", jax_version="0.1")
+    prov = Provenance(timing_source="compiler_estimate+hbm+trips", chip="v5e", libtpu_version="0.0.1",
+                      jax_version="0.1")
     if speedup is None:
         return EvalResult(Status.CRASH, error="boom", provenance=prov)
     return EvalResult(Status.PASS, metrics=Metrics(latency_s=1e-4 / speedup, speedup_vs_reference=speedup,
@@ -55,7 +56,7 @@ def data(tmp_path_factory) -> Path:
                          {"tunable": "BLOCK_KV", "value": 256}, minutes=2)])
     archive.write_run_meta("r1", {"config": {"judge": {"workers": 2}}, "task_key": "attn-test",
                                   "status": "finished", "champion_id": individual_id(CHAMPION), "strategy": "ga",
-                                  "chip": "v5e", "timing_source": "compiler_estimate+hbm"})
+                                  "chip": "v5e", "timing_source": "compiler_estimate+hbm+trips"})
     archive.append([_row("r0", BROKEN, _result(None, None), 0)])
     archive.write_run_meta("r0", {"config": {}, "task_key": "attn-test", "status": "finished"})
     return path
@@ -131,7 +132,8 @@ def test_status_json_of_a_run_has_its_generations_and_champion(data, capsys):
     code, out, _ = evolve_in_process(["status", "r1", "--format", "json", "--data-dir", str(data)], capsys)
     assert code == 0
     doc = strict_json(out)
-    assert doc["run_id"] == "r1" and doc["status"] == "finished" and doc["timing_sources"] == ["compiler_estimate+hbm"]
+    assert doc["run_id"] == "r1" and doc["status"] == "finished"
+    assert doc["timing_sources"] == ["compiler_estimate+hbm+trips"]
     assert [(g["generation"], g["evaluations"], g["passed"], g["best_speedup"]) for g in doc["generations"]] == \
         [(0, 1, 1, 1.0), (1, 2, 1, 1.5), (2, 1, 1, 2.0)]
     champion = doc["champion"]
@@ -165,7 +167,7 @@ def test_lineage_json_is_the_chain_of_edits_and_draws_nothing_unasked(data, caps
     assert [s["estimated_cycles"] for s in chain] == [1000, 700, 500]
     assert [s["speedup_vs_reference"] for s in chain] == [1.0, 1.5, 2.0]
     assert chain[0]["speedup_over_parent"] is None and chain[2]["speedup_over_parent"] == pytest.approx(2.0 / 1.5)
-    assert {s["timing_source"] for s in chain} == {"compiler_estimate+hbm"}
+    assert {s["timing_source"] for s in chain} == {"compiler_estimate+hbm+trips"}
     assert chain[2]["params"] == {"tunable": "BLOCK_KV", "value": 256}
     assert list(tmp_path.iterdir()) == []                   # no picture unless --out
     svg = tmp_path / "l.svg"

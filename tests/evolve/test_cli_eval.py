@@ -27,7 +27,7 @@ def test_eval_json_has_the_promised_keys():
     for key in ("status", "error", "latency_s", "speedup_vs_reference", "timing_source", "chip",
                 "vmem_bytes", "max_abs_error", "tflops", "mxu_util"):
         assert key in out
-    assert out["status"] == "PASS" and out["timing_source"] == "compiler_estimate+hbm"
+    assert out["status"] == "PASS" and out["timing_source"] == "compiler_estimate+hbm+trips"
 
 
 def test_eval_judges_a_per_chip_kernel_on_a_four_chip_task():
@@ -36,13 +36,13 @@ def test_eval_judges_a_per_chip_kernel_on_a_four_chip_task():
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["status"] == "PASS" and out["chips"] == 4, out["error"]
-    assert out["timing_source"] == "compiler_estimate+hbm+ici_model"
+    assert out["timing_source"] == "compiler_estimate+hbm+trips+ici_model"
 
 
 def test_eval_table_names_its_timing_source():
     r = evolve("eval", str(SEED), "--shape", "H=1,N=256", "--no-causal", "--chip", "v6e")
     assert r.returncode == 0, r.stderr
-    assert "compiler_estimate+hbm (chip v6e, libtpu" in r.stdout
+    assert "compiler_estimate+hbm+trips (chip v6e, libtpu" in r.stdout
     assert "speedup vs reference" in r.stdout
 
 

@@ -35,13 +35,13 @@ def test_a_small_decode_bench_reports_each_kernel_with_figures_that_follow_from_
     # against the best 1-chip row only (another timing source: no speedup over the reference).
     assert four["status"] == "ok", four["status"]
     assert four["label"].startswith("best 4-chip kernel (") and four["chips"] == 4
-    assert four["timing_source"] == "compiler_estimate+hbm+ici_model" and four["speedup_vs_reference"] is None
+    assert four["timing_source"] == "compiler_estimate+hbm+trips+ici_model" and four["speedup_vs_reference"] is None
     assert four["vs_best_1_chip"] == pytest.approx(four["latency_s"] / min(x["latency_s"] for x in rows[1:]))
     assert four["tokens_per_s_per_dollar"] == pytest.approx(four["tokens_per_s"] / (4 * price))
     assert "collectives" in four["plan"] and "us" in four["plan"]
     for row in rows:
         assert row["status"] == "ok" and row["chips"] == 1 and (row["batch"], row["cache_len"]) == (2, 2048)
-        assert row["timing_source"] == "compiler_estimate+hbm" and row["libtpu_version"]
+        assert row["timing_source"] == "compiler_estimate+hbm+trips" and row["libtpu_version"]
         assert row["tokens_per_s"] == pytest.approx(2 / row["latency_s"])
         assert row["tokens_per_s_per_dollar"] == pytest.approx(row["tokens_per_s"] / price)
         assert 0 < row["hbm_util"] <= 1.0

@@ -56,7 +56,7 @@ def test_a_small_run_archives_every_evaluation_and_reports_the_champion(small_ru
     assert len(df) >= 3 and df["individual_id"].is_unique        # nothing judged twice
     assert set(df["generation"]) == {0, 1, 2}
     assert (df["status"] == "PASS").any()
-    assert df["timing_source"].dropna().eq("compiler_estimate+hbm").all()
+    assert df["timing_source"].dropna().eq("compiler_estimate+hbm+trips").all()
     assert list((data / "archive").rglob("*.parquet"))
     assert "champion" in r.stdout and "compiler_estimate" in r.stdout
     # The peer, judged in the same run by the same judge, is reported as a ratio and recorded.

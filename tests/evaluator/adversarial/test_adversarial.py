@@ -41,9 +41,11 @@ EXPECTED = {
     "c2_pickle_payload": (Status.FAIL_TRACE, "not plain jaxpr data"),
     "c3_escape_files": (Status.PASS, ""),
     "c4_pure_callback": (Status.FAIL_TRACE, "host callback"),
-    "c5_when_on_prefetched_flag": (Status.FAIL_TIMING, "data_dependent_branch"),
+    # Loops and branches on data are counted on the timing input (evaluator/trips.py): scored by
+    # the work they do (COUNTED below), not refused and never cheaper than it.
+    "c5_when_on_prefetched_flag": (Status.PASS, ""),
     "c5_xla_loop_over_heads": (Status.FAIL_TIMING, "xla_loop"),
-    "c5_prefetch_loop_bound": (Status.FAIL_TIMING, "data_dependent_loop"),
+    "c5_prefetch_loop_bound": (Status.PASS, ""),
     "c6_cache_and_setsid": (Status.PASS, ""),
     "c7_bf16_accumulation": (Status.FAIL_CORRECTNESS, "less precise"),
     "c8_known_outputs_in_kernel": (Status.FAIL_TRACE, "bytes of constants"),
@@ -68,6 +70,19 @@ KNOBS = {
 }
 
 
+# Candidates scored by the work they really do -> the honest kernel that does that work (the seed, or
+# the same loop with its bound as a compile-time constant): within 5%, and never below it by more
+# than 1%.
+COUNTED = {"c5_when_on_prefetched_flag": "seed", "c5_prefetch_loop_bound": "c5_loop_constant_bound"}
+TWINS = {"c5_loop_constant_bound": lambda: (CANDIDATES / "c5_prefetch_loop_bound.py").read_text().replace(
+    "BOUND_FROM_PREFETCH = True", "BOUND_FROM_PREFETCH = False")}
+
+
+# Candidates of the decode task (judged in their own test below).
+DECODE = {"c9_knows_the_timing_input"}
+DECODE_SHAPE = "B=4,H=4,HKV=2,N=2048,D=128,T=1"
+
+
 def knob_source(name: str) -> str:
     seed = SEED.read_text()
     assert seed.count(_PARAMS) == 1
@@ -85,9 +100,9 @@ def verdicts(tmp_path_factory):
     mp.setattr(judge_module, "screen_source", lambda *a, **k: ScreenResult(True))
     cache = tmp_path_factory.mktemp("adversarial-cache")
     judge = Judge(JudgeConfig(cache_dir=str(cache), workers=2))
-    names = sorted(EXPECTED) + sorted(KNOBS)
+    names = sorted(EXPECTED) + sorted(KNOBS) + sorted(TWINS)
     sources = [(CANDIDATES / f"{n}.py").read_text() for n in sorted(EXPECTED)] + [
-        knob_source(n) for n in sorted(KNOBS)] + [SEED.read_text()]
+        knob_source(n) for n in sorted(KNOBS)] + [TWINS[n]() for n in sorted(TWINS)] + [SEED.read_text()]
     try:
         reference = judge.reference_timing(TASK)
         cache_before = (cache / "reference_timings.json").read_text()
@@ -101,8 +116,8 @@ def verdicts(tmp_path_factory):
 
 def test_every_candidate_has_a_file_and_every_class_a_candidate():
     files = {p.stem for p in CANDIDATES.glob("c*.py")}
-    assert set(EXPECTED) == files
-    assert {name[:2] for name in files} == {f"c{i}" for i in range(1, 9)}
+    assert set(EXPECTED) | DECODE == files
+    assert {name[:2] for name in files} == {f"c{i}" for i in range(1, 10)}
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED) + sorted(KNOBS))
@@ -113,7 +128,12 @@ def test_each_candidate_is_refused_or_honestly_scored(verdicts, name):
     result = verdicts["results"][name]
     assert result.status is status, (result.status, result.error)
     assert phrase in result.error
-    if status is Status.PASS:   # honestly scored: exactly the seed's figure, not a forged one
+    if name in COUNTED:         # scored by the work it does, on the data
+        twin = verdicts["results"][COUNTED[name]]
+        assert twin.status is Status.PASS, twin.error
+        ratio = result.metrics.estimated_cycles / twin.metrics.estimated_cycles
+        assert 0.99 <= ratio <= 1.05, (result.metrics.estimated_cycles, twin.metrics.estimated_cycles)
+    elif status is Status.PASS:   # honestly scored: exactly the seed's figure, not a forged one
         seed = verdicts["results"]["seed"]
         assert result.metrics.estimated_cycles == seed.metrics.estimated_cycles
         assert result.metrics.speedup_vs_reference == seed.metrics.speedup_vs_reference
@@ -167,3 +187,34 @@ def test_outputs_keyed_to_known_inputs_are_stopped_by_each_defence_alone(known_o
     assert secret.status is Status.FAIL_CORRECTNESS and "secret draw" in secret.error, secret.error
     budget = known_outputs["constant budget alone"][name]
     assert budget.status is Status.FAIL_TRACE and "bytes of constants" in budget.error, budget.error
+
+
+def test_a_kernel_that_knows_the_public_timing_input_is_timed_on_a_secret_one(tmp_path):
+    """Class 9. The candidate walks less of the cache on the lengths it hard-codes (the public
+    seed's) than on any others. Against a judge whose first set is that public input (explicit
+    sets, as a user reproducing a failure would ask) its cheap path is what gets counted: it moves
+    the bytes of the honest length-skipping kernel, so the attack is real. The default judge times
+    a secret draw: the candidate is counted as the naive full walk, which is what it does there.
+    (At this shape the estimate's compute outweighs the HBM floor, so the bytes are compared.)"""
+    from mutations import get_operator
+    from seeds import load_seed
+
+    seed = load_seed("flash_decoding")
+    task = seed.task(DECODE_SHAPE)
+    cheat = (CANDIDATES / "c9_knows_the_timing_input.py").read_text()
+    line = next(x for x in cheat.splitlines() if x.startswith("KNOWN_LENGTHS"))
+    assert [int(x) for x in line.split("(")[1].split(")")[0].split(",")] == task.timing_lengths.tolist()
+    naive = seed.kernel_source
+    skip = get_operator("length_skip").apply_params(naive, task, {"compute": False})
+    assert skip.applied, skip.reason
+    secret = Judge(JudgeConfig(cache_dir=str(tmp_path / "a"), workers=2))
+    public = Judge(JudgeConfig(cache_dir=str(tmp_path / "b"), workers=2,
+                               correctness_inputs=(("ragged", 0), ("outliers", 1))))
+    moved = {name: [judge.estimate_timing(s, task)[0].hbm_bytes for s in (cheat, naive, skip.source)]
+             for name, judge in (("secret", secret), ("public", public))}
+    cheat_p, naive_p, skip_p = moved["public"]
+    assert skip_p < naive_p and cheat_p == skip_p        # known input: the cheap path is counted
+    cheat_s, naive_s, skip_s = moved["secret"]
+    assert skip_s < naive_s and cheat_s == naive_s       # secret input: the full walk is counted
+    verdict = secret.evaluate(cheat, task)
+    assert verdict.status is Status.PASS, verdict.error

@@ -1,0 +1,424 @@
+"""Loops and branches that depend on data, counted on the data the figure is of.
+
+libtpu's static estimate cannot know how often a loop bounded by a value in memory runs, nor which
+way a branch on such a value goes: it guesses (some 30-40 trips, whatever the real count; the
+README's table). The judge knows the timing input, so it counts instead:
+
+1. **Sites.** A *site* is a ``while`` whose condition, or a ``cond`` whose index, depends on what
+   the kernel reads from memory (any operand: scalar prefetch, blocks, scratch); a loop or branch on
+   ``program_id`` or constants is not one. :func:`sites` finds them by the same walk on the kernel's
+   own jaxpr (refs) and on the discharged one the interpreter runs (values), so both agree on their
+   order; if they do not, nothing is counted.
+2. **Counts.** The trusted runner checks the timing input with :func:`counting_program`: the same
+   interpreted program (``interpret.grid_loop``), which also carries, per site, how often it was
+   entered and how many trips each ``while`` ran, or how often each arm of a ``cond`` was taken,
+   summed over the grid. The outputs are the kernel's, bit for bit, and are checked like any other.
+3. **Variants.** :func:`specialise` rewrites each kernel's sites into static code the estimate
+   *can* count: a ``while`` into a loop of k trips (``fori_loop`` with a constant bound), a ``cond``
+   into one of its arms. :func:`plan` picks the variants: the base (every loop at the floor of its
+   mean trips per entry, every branch at its most-taken arm), plus one variant per site that
+   moves it by one trip or to another arm taken on the data.
+4. **The figure** is the base's estimate plus, per site, the difference each variant makes, times
+   how far the real mean is from the base (:func:`combine`): exact where the estimate is linear in
+   a site's trips, and a loop whose trips are the same everywhere needs only the base compile.
+
+Variants are compiled, never run: their values are not the kernel's. Everything here runs in the
+trusted runner, on the jaxpr it rebuilt from data; the candidate never sees a count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax.numpy as jnp
+from jax import lax
+from jax._src import core as jcore
+
+from evaluator import dmas
+from evaluator.jaxpr_tools import bind, call_body, parts, subjaxprs
+
+class Uncountable(Exception):
+    """The kernel's data-dependent control flow is of a form this module does not count."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Site:
+    path: tuple[int, ...]      # eqn indices from the kernel jaxpr down to the eqn (sub-jaxprs numbered too)
+    kind: str                  # "while" or "cond"
+    arms: int = 0              # a cond's branches
+
+    @property
+    def width(self) -> int:
+        """Counters it needs: a while's entries and trips, or a cond's count per arm."""
+        return 2 if self.kind == "while" else self.arms
+
+
+# ---- 1. sites ---------------------------------------------------------------------------------
+def _walk(jaxpr: jcore.Jaxpr, taint_in: list[bool], found: list[Site] | None, path: tuple[int, ...]) -> list[bool]:
+    """Which outputs of ``jaxpr`` depend on data, given which inputs do; appends the sites met (in
+    pre-order) to ``found`` when it is not None."""
+    tainted: dict[Any, bool] = {v: t for v, t in zip(jaxpr.invars, taint_in, strict=True)}
+    for v in jaxpr.constvars:
+        tainted[v] = False
+
+    def t(v) -> bool:
+        return False if isinstance(v, jcore.Literal) else tainted.get(v, True)
+
+    for i, eqn in enumerate(jaxpr.eqns):
+        here = path + (i,)
+        ins = [t(v) for v in eqn.invars]
+        name = eqn.primitive.name
+        if name == "while":
+            nc, nb = eqn.params["cond_nconsts"], eqn.params["body_nconsts"]
+            cond, _ = parts(eqn.params["cond_jaxpr"])
+            body, _ = parts(eqn.params["body_jaxpr"])
+            carry = ins[nc + nb:]
+            while True:
+                out = _walk(body, ins[nc:nc + nb] + carry, None, here)
+                new = [a or b for a, b in zip(carry, out, strict=True)]
+                if new == carry:
+                    break
+                carry = new
+            if found is not None:
+                if _walk(cond, ins[:nc] + carry, None, here)[0]:
+                    found.append(Site(here, "while"))
+                _walk(cond, ins[:nc] + carry, found, here + (0,))
+                _walk(body, ins[nc:nc + nb] + carry, found, here + (1,))
+            outs = carry
+        elif name == "cond":
+            branches = [parts(b)[0] for b in eqn.params["branches"]]
+            if found is not None and ins[0]:
+                found.append(Site(here, "cond", len(branches)))
+            outs = [ins[0]] * len(eqn.outvars)
+            for k, b in enumerate(branches):
+                res = _walk(b, ins[1:], found, here + (k,))
+                outs = [a or r for a, r in zip(outs, res, strict=True)]
+        elif name == "scan":
+            body, _ = parts(eqn.params["jaxpr"])
+            nc, ncar = eqn.params["num_consts"], eqn.params["num_carry"]
+            carry, xs = ins[nc:nc + ncar], ins[nc + ncar:]
+            while True:
+                out = _walk(body, ins[:nc] + carry + xs, None, here)
+                new = [a or b for a, b in zip(carry, out[:ncar], strict=True)]
+                if new == carry:
+                    break
+                carry = new
+            outs = _walk(body, ins[:nc] + carry + xs, found, here + (0,))
+            outs = carry + outs[ncar:]
+        elif (call := call_body(eqn)) is not None:
+            sub = call[0]
+            outs = _walk(sub, ins, found, here + (0,)) if len(sub.invars) == len(ins) else \
+                [True] * len(eqn.outvars)
+        else:
+            for k, sub in enumerate(subjaxprs(eqn)):      # e.g. run_scoped: its refs are data
+                _walk(sub, [True] * len(sub.invars), found, here + (k,))
+            outs = [any(ins) or bool(subjaxprs(eqn))] * len(eqn.outvars)
+        for v, o in zip(eqn.outvars, outs, strict=True):
+            tainted[v] = o
+    return [t(v) for v in jaxpr.outvars]
+
+
+def sites(jaxpr: jcore.Jaxpr) -> list[Site]:
+    """The data-dependent loops and branches of a kernel jaxpr (every operand is data)."""
+    found: list[Site] = []
+    _walk(jaxpr, [True] * len(jaxpr.invars), found, ())
+    return found
+
+
+def same_sites(a: list[Site], b: list[Site]) -> bool:
+    """The kernel's and the discharged kernel's sites agree, kind for kind, in order."""
+    return [(s.kind, s.arms) for s in a] == [(s.kind, s.arms) for s in b]
+
+
+# ---- 2. counting ------------------------------------------------------------------------------
+class Counter:
+    """Where each site's counters sit in one kernel's count vector, then one per DMA marker
+    (``dmas.py``; ``marks``: (path, slot) in the discharged kernel)."""
+
+    def __init__(self, found: list[Site], marks: list[tuple[tuple, int]] = ()) -> None:
+        self.index, self.offset, n = {}, {}, 0
+        for k, s in enumerate(found):
+            self.index[s.path], self.offset[s.path] = k, n
+            n += s.width
+        self.sites_size = n
+        for path, slot in marks:
+            self.offset[path] = n + slot
+        self.size = n + len(marks)
+        paths = [s.path for s in found] + [p for p, _ in marks]
+        self.prefixes = {p[:j] for p in paths for j in range(len(p) + 1)}
+
+    def zeros(self):
+        return jnp.zeros((self.size,), jnp.int32)
+
+    def bump(self, counts, path, slot: int, by=1):
+        return counts.at[self.offset[path] + slot].add(jnp.asarray(by, jnp.int32))
+
+    def holds(self, path) -> bool:
+        """Whether a site sits at or below ``path``."""
+        return path in self.prefixes
+
+
+def count_eval(jaxpr: jcore.Jaxpr, consts, args, counter: Counter, path=()) -> tuple[list, Any]:
+    """``eval_jaxpr`` that also returns the counts of the sites it passes (a vector per kernel)."""
+    env: dict[Any, Any] = {}
+
+    def read(v):
+        return v.val if isinstance(v, jcore.Literal) else env[v]
+
+    for v, x in zip(jaxpr.constvars, consts, strict=True):
+        env[v] = x
+    for v, x in zip(jaxpr.invars, args, strict=True):
+        env[v] = x
+    counts = counter.zeros()
+    for i, eqn in enumerate(jaxpr.eqns):
+        here = path + (i,)
+        ins = [read(v) for v in eqn.invars]
+        if eqn.primitive is dmas.MARK:
+            outs = ins
+            counts = counter.bump(counts, here, 0)
+        elif not counter.holds(here):
+            outs = bind(eqn, ins)
+        else:
+            outs, delta = _count_eqn(eqn, ins, counter, here)
+            counts = counts + delta
+        for v, x in zip(eqn.outvars, outs, strict=True):
+            env[v] = x
+    return [read(v) for v in jaxpr.outvars], counts
+
+
+def _count_eqn(eqn, ins, counter: Counter, here) -> tuple[list, Any]:
+    name = eqn.primitive.name
+    site = here in counter.index
+    if name == "while":
+        nc, nb = eqn.params["cond_nconsts"], eqn.params["body_nconsts"]
+        cond, cconsts = parts(eqn.params["cond_jaxpr"])
+        body, bconsts = parts(eqn.params["body_jaxpr"])
+        if counter.holds(here + (0,)):
+            raise Uncountable("a data-dependent loop or branch inside a while loop's condition")
+        cond_args, body_args = ins[:nc], ins[nc:nc + nb]
+
+        def cond_f(state):
+            return jcore.eval_jaxpr(cond, cconsts, *cond_args, *state[0])[0]
+
+        def body_f(state):
+            carry, counts = state
+            out, delta = count_eval(body, bconsts, [*body_args, *carry], counter, here + (1,))
+            counts = counts + delta
+            return out, counter.bump(counts, here, 1) if site else counts
+
+        start = counter.bump(counter.zeros(), here, 0) if site else counter.zeros()
+        carry, counts = lax.while_loop(cond_f, body_f, (list(ins[nc + nb:]), start))
+        return list(carry), counts
+    if name == "cond":
+        branches = [parts(b) for b in eqn.params["branches"]]
+
+        def arm(k, b):
+            def f(*ops):
+                out, delta = count_eval(b[0], b[1], list(ops), counter, here + (k,))
+                return out, counter.bump(delta, here, k) if site else delta
+            return f
+
+        outs, counts = lax.switch(ins[0], [arm(k, b) for k, b in enumerate(branches)], *ins[1:])
+        return list(outs), counts
+    if name == "scan":
+        body, bconsts = parts(eqn.params["jaxpr"])
+        nc, ncar = eqn.params["num_consts"], eqn.params["num_carry"]
+
+        def step(state, x):
+            carry, counts = state
+            out, delta = count_eval(body, bconsts, [*ins[:nc], *carry, *x], counter, here + (0,))
+            return (out[:ncar], counts + delta), out[ncar:]
+
+        (carry, counts), ys = lax.scan(step, (list(ins[nc:nc + ncar]), counter.zeros()), list(ins[nc + ncar:]),
+                                       length=eqn.params["length"], reverse=eqn.params["reverse"])
+        return list(carry) + list(ys), counts
+    if (call := call_body(eqn)) is not None:
+        sub, consts = call
+        return count_eval(sub, consts, ins, counter, here + (0,))
+    raise Uncountable(f"a data-dependent loop or branch inside {name}")
+
+
+# ---- 4. the plan and the figure -----------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class SiteCount:
+    """What one site did on the timing input, summed over the grid."""
+
+    kernel: int
+    site: Site
+    counts: tuple[int, ...]    # (entries, trips) or (taken per arm)
+
+    @property
+    def entries(self) -> int:
+        return self.counts[0] if self.site.kind == "while" else sum(self.counts)
+
+    @property
+    def mean(self) -> float:
+        """Trips per entry (a while), or the share of entries taking each arm is :meth:`share`."""
+        return self.counts[1] / self.entries if self.entries else 0.0
+
+    def share(self, arm: int) -> float:
+        return self.counts[arm] / self.entries if self.entries else 0.0
+
+    @property
+    def base(self) -> int:
+        """The base variant's choice: the floor of the mean trips, or the most-taken arm."""
+        if self.site.kind == "while":
+            return math.floor(self.mean)
+        return max(range(len(self.counts)), key=lambda k: (self.counts[k], -k))
+
+    def moves(self) -> list[tuple[int, float]]:
+        """(another choice, its weight): the variants beside the base this site needs."""
+        if self.site.kind == "while":
+            frac = self.mean - self.base
+            return [(self.base + 1, frac)] if frac > 1e-9 else []
+        return [(k, self.share(k)) for k in range(len(self.counts)) if k != self.base and self.counts[k]]
+
+
+def plan(counted: list[SiteCount]) -> tuple[dict, list[tuple[dict, float]]]:
+    """The base choice ({(kernel, path): choice}) and the variants beside it, each with the weight
+    its estimate's difference from the base's is added with."""
+    base = {(c.kernel, c.site.path): c.base for c in counted}
+    variants = []
+    for c in counted:
+        for choice, weight in c.moves():
+            variants.append((base | {(c.kernel, c.site.path): choice}, weight))
+    return base, variants
+
+
+def combine(base_cycles: int, variant_cycles: list[tuple[int, float]]) -> int:
+    """The base's estimate plus each variant's difference from it, weighted."""
+    return max(0, round(base_cycles + sum(w * (c - base_cycles) for c, w in variant_cycles)))
+
+
+def describe(counted: list[SiteCount]) -> list[dict]:
+    return [{"kernel": c.kernel, "kind": c.site.kind, "path": list(c.site.path), "counts": list(c.counts),
+             "entries": c.entries, **({"mean_trips": round(c.mean, 4)} if c.site.kind == "while" else {})}
+            for c in counted]
+
+
+__all__ = ["Site", "SiteCount", "Uncountable", "combine", "count_eval", "describe", "plan", "same_sites", "sites"]
+
+
+# ---- 5. the programs ----------------------------------------------------------------------------
+def _outer_eval(jaxpr: jcore.Jaxpr, consts, args, on_kernel) -> list:
+    """Evaluate the program around the kernels; every ``pallas_call`` (also inside jit and
+    custom_jvp/vjp calls) is ``on_kernel(eqn, inputs)``, in program order."""
+    env: dict[Any, Any] = {}
+
+    def read(v):
+        return v.val if isinstance(v, jcore.Literal) else env[v]
+
+    for v, x in zip(jaxpr.constvars, consts, strict=True):
+        env[v] = x
+    for v, x in zip(jaxpr.invars, args, strict=True):
+        env[v] = x
+    for eqn in jaxpr.eqns:
+        ins = [read(v) for v in eqn.invars]
+        if eqn.primitive.name == "pallas_call":
+            outs = on_kernel(eqn, ins)
+        elif (call := call_body(eqn)) is not None and _holds_kernel(call[0]):
+            sub, sub_consts = call
+            outs = _outer_eval(sub, sub_consts, ins, on_kernel)
+        else:
+            outs = bind(eqn, ins)
+        for v, x in zip(eqn.outvars, outs, strict=True):
+            env[v] = x
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _holds_kernel(jaxpr: jcore.Jaxpr) -> bool:
+    return any(e.primitive.name == "pallas_call" or any(_holds_kernel(s) for s in subjaxprs(e))
+               for e in jaxpr.eqns)
+
+
+def kernel_sites(closed) -> list[list[Site]]:
+    """The sites of each kernel of a program, in program order (``[]`` per kernel without)."""
+    found: list[list[Site]] = []
+
+    def visit(eqn, ins):
+        found.append(sites(eqn.params["jaxpr"]))
+        return [jnp.zeros(v.aval.shape, v.aval.dtype) for v in eqn.outvars]
+
+    import jax
+
+    jax.make_jaxpr(lambda *xs: _outer_eval(closed.jaxpr, closed.consts, xs, visit))(
+        *[jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in closed.jaxpr.invars])
+    return found
+
+
+def counting_program(closed):
+    """The interpreted program (``interpret.grid_loop``) that also returns every kernel's counts:
+    ``fn(*inputs) -> (outputs, [counts per kernel])``; the sites are in ``fn.sites`` once traced."""
+    from evaluator.interpret import grid_loop
+
+    single = len(closed.jaxpr.outvars) == 1
+
+    def program(*xs):
+        counts, program.sites, program.dmas = [], [], []
+
+        def run(eqn, ins):
+            outs, found, c, kernel_dmas = grid_loop(*ins, count=True, **eqn.params)
+            program.sites.append(found)
+            program.dmas.append(kernel_dmas)
+            counts.append(c)
+            return outs
+
+        outs = _outer_eval(closed.jaxpr, closed.consts, xs, run)
+        return (outs[0] if single else tuple(outs)), counts
+
+    program.sites, program.dmas = [], []
+    return program
+
+
+def variant_program(closed, choice: dict[tuple, int]):
+    """The TPU program with every kernel's sites fixed: ``choice`` maps (kernel index, site path)
+    to trips or arm. Returns a function of the program's inputs (to export and compile)."""
+    single = len(closed.jaxpr.outvars) == 1
+
+    def program(*xs):
+        seen = [0]
+
+        def run(eqn, ins):
+            k = seen[0]
+            seen[0] += 1
+            mine = {path: c for (kernel, path), c in choice.items() if kernel == k}
+            from evaluator.variants import retrace_kernel
+
+            fixed = retrace_kernel(eqn, mine) if mine else eqn
+            return bind(fixed, ins)
+
+        outs = _outer_eval(closed.jaxpr, closed.consts, xs, run)
+        return outs[0] if single else tuple(outs)
+
+    return program
+
+
+def site_counts(found: list[list[Site]], counts: list) -> list[SiteCount]:
+    """Every kernel's counts vector cut into its sites' counts."""
+    out = []
+    for k, (kernel_sites_, vector) in enumerate(zip(found, counts, strict=True)):
+        values = [int(x) for x in vector][:sum(s.width for s in kernel_sites_)]
+        offset = 0
+        for s in kernel_sites_:
+            out.append(SiteCount(k, s, tuple(values[offset:offset + s.width])))
+            offset += s.width
+    return out
+
+
+def dma_starts(found: list[list[Site]], counts: list) -> list[list[int]]:
+    """Each kernel's DMA start counts: its count vector past its sites' counters."""
+    return [[int(x) for x in vector][sum(s.width for s in kernel_sites_):]
+            for kernel_sites_, vector in zip(found, counts, strict=True)]
+
+
+def figure(found: list[list[Site]], counts: list, estimate) -> dict:
+    """The counted figure: ``estimate(choice) -> cycles`` compiles one variant and reads its
+    estimate. Returns the stage's facts: cycles, the sites' counts and every variant's figure."""
+    counted = site_counts(found, counts)
+    base, variants = plan(counted)
+    base_cycles = estimate(base)
+    moved = [(estimate(choice), weight) for choice, weight in variants]
+    return {"cycles": combine(base_cycles, moved), "base_cycles": base_cycles, "sites": describe(counted),
+            "variants": [{"cycles": c, "weight": round(w, 6)} for c, w in moved]}
