@@ -18,7 +18,8 @@ bit (``tests/evaluator/test_interpret.py`` holds it to that on every seed).
 
 :func:`installed` swaps it in for Pallas' own while the trusted runner exports its CPU program. It
 patches one private function of the pinned jax (``hlo_interpreter.pallas_call_hlo_interpret``)
-and checks that the function is there, so that a jax that moved it fails loudly, not slowly.
+and checks that the function is there, so that a jax that moved it fails loudly, not slowly; and
+it gives jax's literal integers a scalar ``shape``, which Pallas' discharge rules ask of an index.
 """
 
 from __future__ import annotations
@@ -142,8 +143,17 @@ def installed() -> Iterator[None]:
     if original is None:
         raise RuntimeError(f"jax._src.pallas.hlo_interpreter.{_PATCHED} is gone: this jax is not the "
                            "pinned one (pyproject.toml); reinstall with scripts/test.sh")
+    from jax._src import literals
+
+    had_shape = "shape" in vars(literals.TypedInt)
     setattr(hlo, _PATCHED, grid_loop)
+    # A literal index (``ref[0]`` in a kernel jaxpr) is a TypedInt, which Pallas' discharge rules
+    # ask for a ``.shape`` (jax 0.10.2: ragged paged attention's ``seq_buf_idx_ref[0]`` fails the
+    # HLO interpreter with "'TypedInt' object has no attribute 'shape'"). It is a scalar.
+    literals.TypedInt.shape = ()
     try:
         yield
     finally:
         setattr(hlo, _PATCHED, original)
+        if not had_shape:
+            del literals.TypedInt.shape

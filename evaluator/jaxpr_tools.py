@@ -26,6 +26,18 @@ def call_body(eqn) -> tuple[jcore.Jaxpr, tuple] | None:
     return None
 
 
+def environment(jaxpr: jcore.Jaxpr, consts, args):
+    """(env, read) for evaluating ``jaxpr`` by hand: its constants and inputs bound in ``env``,
+    ``read(var)`` a literal's value or the variable's."""
+    env: dict = dict(zip(jaxpr.constvars, consts, strict=True))
+    env.update(zip(jaxpr.invars, args, strict=True))
+
+    def read(v):
+        return v.val if isinstance(v, jcore.Literal) else env[v]
+
+    return env, read
+
+
 def bind(eqn, ins) -> list:
     """``eqn`` applied to ``ins`` as ``eval_jaxpr`` does; a list of outputs."""
     params = eqn.primitive.get_bind_params(eqn.params)

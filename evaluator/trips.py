@@ -37,7 +37,7 @@ from jax import lax
 from jax._src import core as jcore
 
 from evaluator import dmas
-from evaluator.jaxpr_tools import bind, call_body, parts, subjaxprs
+from evaluator.jaxpr_tools import bind, call_body, environment, parts, subjaxprs
 
 class Uncountable(Exception):
     """The kernel's data-dependent control flow is of a form this module does not count."""
@@ -162,15 +162,7 @@ class Counter:
 
 def count_eval(jaxpr: jcore.Jaxpr, consts, args, counter: Counter, path=()) -> tuple[list, Any]:
     """``eval_jaxpr`` that also returns the counts of the sites it passes (a vector per kernel)."""
-    env: dict[Any, Any] = {}
-
-    def read(v):
-        return v.val if isinstance(v, jcore.Literal) else env[v]
-
-    for v, x in zip(jaxpr.constvars, consts, strict=True):
-        env[v] = x
-    for v, x in zip(jaxpr.invars, args, strict=True):
-        env[v] = x
+    env, read = environment(jaxpr, consts, args)
     counts = counter.zeros()
     for i, eqn in enumerate(jaxpr.eqns):
         here = path + (i,)
@@ -305,15 +297,7 @@ __all__ = ["Site", "SiteCount", "Uncountable", "combine", "count_eval", "describ
 def _outer_eval(jaxpr: jcore.Jaxpr, consts, args, on_kernel) -> list:
     """Evaluate the program around the kernels; every ``pallas_call`` (also inside jit and
     custom_jvp/vjp calls) is ``on_kernel(eqn, inputs)``, in program order."""
-    env: dict[Any, Any] = {}
-
-    def read(v):
-        return v.val if isinstance(v, jcore.Literal) else env[v]
-
-    for v, x in zip(jaxpr.constvars, consts, strict=True):
-        env[v] = x
-    for v, x in zip(jaxpr.invars, args, strict=True):
-        env[v] = x
+    env, read = environment(jaxpr, consts, args)
     for eqn in jaxpr.eqns:
         ins = [read(v) for v in eqn.invars]
         if eqn.primitive.name == "pallas_call":

@@ -9,13 +9,12 @@ fixed arm. Everything else is bound exactly as it was. A variant is compiled, ne
 
 from __future__ import annotations
 
-from typing import Any
 
 from jax import lax
 from jax._src import core as jcore
 
 from evaluator import dmas
-from evaluator.jaxpr_tools import bind, call_body, parts
+from evaluator.jaxpr_tools import bind, call_body, environment, parts
 from evaluator.trips import Uncountable
 
 
@@ -24,15 +23,7 @@ def spec_eval(jaxpr: jcore.Jaxpr, consts, args, choice: dict[tuple, int], path=(
     ``choice[path]`` (traced into the kernel variant the estimate is read from, never run); and a
     marker after each DMA start at a path in ``marks`` (``dmas.mark``, for the counting run)."""
     marks = marks or {}
-    env: dict[Any, Any] = {}
-
-    def read(v):
-        return v.val if isinstance(v, jcore.Literal) else env[v]
-
-    for v, x in zip(jaxpr.constvars, consts, strict=True):
-        env[v] = x
-    for v, x in zip(jaxpr.invars, args, strict=True):
-        env[v] = x
+    env, read = environment(jaxpr, consts, args)
     prefixes = {p[:j] for p in [*choice, *marks] for j in range(len(p) + 1)}
     for i, eqn in enumerate(jaxpr.eqns):
         here = path + (i,)
