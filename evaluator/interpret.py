@@ -11,7 +11,10 @@ steps) one check took 200 s, nearly all of it in memcpy; at JAX's flash attentio
 :func:`grid_loop` is the same loop, with the same semantics, that carries only what a step can
 change: the outputs, the scratch buffers and any input block the kernel writes (the discharged
 kernel returns such a block as a new value; an input it only reads comes back as the very
-variable it went in as). Every other input is read in place. The kernel is discharged and
+variable it went in as). Every other input is read in place. One deliberate difference: a value
+the kernel writes to a scalar-prefetch operand is kept for the next grid step, as SMEM keeps it
+on the chip (Pallas' loop drops it; ragged paged attention passes the sequence it stopped at to
+the next step that way, and without it every step walked all sequences from the first). The kernel is discharged and
 evaluated exactly as Pallas does it (its own ``kernel_to_hlo_jaxpr``, block index maps, NaN-filled
 uninitialised buffers, padding of ragged blocks), so a kernel computes the same values, bit for
 bit (``tests/evaluator/test_interpret.py`` holds it to that on every seed).
@@ -90,9 +93,17 @@ def grid_loop(*args, jaxpr, debug, input_output_aliases, grid_mapping, mesh, com
     carried = [k for k in range(len(operands)) if written[k]]       # outputs and written inputs
     fixed = {k: operands[k] for k in range(len(operands)) if not written[k]}
     steps = functools.reduce(lambda a, b: a * b, grid, 1) if grid else 1
+    # Scalar-prefetch operands live in SMEM for the whole grid on the chip: a value the kernel
+    # writes there is what the next step reads (ragged paged attention hands the sequence it
+    # stopped at to the next step that way). Pallas' loop drops such writes; ours carries them.
+    keep_scalars = any(_written(kernel, 0, len(scalars)))
 
     def body(state):
         i, index, counts, *rest = state
+        if keep_scalars:
+            scalars_now, rest = rest[:len(scalars)], rest[len(scalars):]
+        else:
+            scalars_now = scalars
         held, held_scratch = rest[:len(carried)], rest[len(carried):]
         arrays = dict(fixed) | dict(zip(carried, held, strict=True))
         if grid_mapping.local_grid_env is not None:
@@ -104,23 +115,27 @@ def grid_loop(*args, jaxpr, debug, input_output_aliases, grid_mapping, mesh, com
             for s in scalars:
                 if isinstance(s.dtype, jcore.bint):
                     s.aval = jcore.typeof(s).update(dtype=jnp.int32)
-            starts = [bm.compute_start_indices_interpret(index, *scalars) for bm in mappings]
+            starts = [bm.compute_start_indices_interpret(index, *scalars_now) for bm in mappings]
         blocks = [hlo._dynamic_slice(starts[k], shapes[k], arrays[k], squeezed[k]) for k in range(len(operands))]
         with pallas_core.grid_env(env):
             if counter is None:
-                result = jcore.eval_jaxpr(kernel, kernel_consts, *scalars, *blocks, *held_scratch)
+                result = jcore.eval_jaxpr(kernel, kernel_consts, *scalars_now, *blocks, *held_scratch)
             else:
-                result, delta = trips.count_eval(kernel, kernel_consts, [*scalars, *blocks, *held_scratch], counter)
+                result, delta = trips.count_eval(kernel, kernel_consts, [*scalars_now, *blocks, *held_scratch],
+                                                 counter)
                 counts = counts + delta
         new_blocks = result[first:first + len(operands)]
         new_scratch = result[first + len(operands):]
         new_held = [hlo._dynamic_update_slice(starts[k], shapes[k], arrays[k], new_blocks[k], squeezed[k])
                     for k in carried]
-        return (i + 1, hlo._get_next_indices(grid, index), counts, *new_held, *new_scratch)
+        kept = list(result[:first]) if keep_scalars else []
+        return (i + 1, hlo._get_next_indices(grid, index), counts, *kept, *new_held, *new_scratch)
 
     zero = counter.zeros() if counter is not None else jnp.zeros((0,), jnp.int32)
-    start = (jnp.int32(0), (jnp.int32(0),) * len(grid), zero, *[operands[k] for k in carried], *scratch)
+    start = (jnp.int32(0), (jnp.int32(0),) * len(grid), zero, *(scalars if keep_scalars else ()),
+             *[operands[k] for k in carried], *scratch)
     _, _, counts, *final = lax.while_loop(lambda state: state[0] < steps, body, start)
+    final = final[len(scalars):] if keep_scalars else final
     final_outs = final[len(carried) - len(outs):len(carried)]
     result = []
     for o, bm in zip(final_outs, grid_mapping.block_mappings_output, strict=True):
@@ -143,17 +158,26 @@ def installed() -> Iterator[None]:
     if original is None:
         raise RuntimeError(f"jax._src.pallas.hlo_interpreter.{_PATCHED} is gone: this jax is not the "
                            "pinned one (pyproject.toml); reinstall with scripts/test.sh")
+    setattr(hlo, _PATCHED, grid_loop)
+    try:
+        with scalar_literals():
+            yield
+    finally:
+        setattr(hlo, _PATCHED, original)
+
+
+@contextlib.contextmanager
+def scalar_literals() -> Iterator[None]:
+    """Within the block, jax's literal integers have a scalar ``shape``. A literal index
+    (``ref[0]`` in a kernel jaxpr) is a TypedInt, which Pallas' discharge rules ask for one (jax
+    0.10.2: ragged paged attention's ``seq_buf_idx_ref[0]`` fails the HLO interpreter with
+    "'TypedInt' object has no attribute 'shape'")."""
     from jax._src import literals
 
     had_shape = "shape" in vars(literals.TypedInt)
-    setattr(hlo, _PATCHED, grid_loop)
-    # A literal index (``ref[0]`` in a kernel jaxpr) is a TypedInt, which Pallas' discharge rules
-    # ask for a ``.shape`` (jax 0.10.2: ragged paged attention's ``seq_buf_idx_ref[0]`` fails the
-    # HLO interpreter with "'TypedInt' object has no attribute 'shape'"). It is a scalar.
     literals.TypedInt.shape = ()
     try:
         yield
     finally:
-        setattr(hlo, _PATCHED, original)
         if not had_shape:
             del literals.TypedInt.shape

@@ -182,6 +182,10 @@ def _count_trips(closed, counting, counted, device, specs) -> dict:
     llo = _llo_dir()
     if llo is None:
         return {"error": "no static profile directory: the counted figure needs the compiler estimate"}
+    import gc
+
+    jax.clear_caches()    # the interpreted programs are done with: their executables hold memory
+    gc.collect()          # the variants' compiles need (RLIMIT_AS, evaluator/sandbox.py Limits)
     args = [jax.ShapeDtypeStruct(s, d, sharding=SingleDeviceSharding(device)) for s, d in specs]
 
     def estimate(choice) -> int:
@@ -206,6 +210,21 @@ def _count_trips(closed, counting, counted, device, specs) -> dict:
     except trips.Uncountable as exc:
         facts = {"error": str(exc)}
     return facts | {"trips_time_s": time.perf_counter() - t0}
+
+
+def _lower_for_the_chip(req: dict) -> None:
+    """Pallas asks the default device which TPU it lowers for when some ops need it (``sign``,
+    which floor division lowers through; ragged paged attention has it). Off a TPU host that
+    device is the CPU, which it does not know ("Unsupported TPU device kind: cpu"): answer with
+    the topology's chip, for this one-chip process."""
+    if req["on_tpu"]:
+        return
+    from jax._src.pallas.mosaic import tpu_info
+
+    device = _devices(req, 1)[0]
+    version = tpu_info.chip_version_from_device_kind(device.device_kind)
+    if version is not None:
+        tpu_info.registry.setdefault("cpu", lambda: tpu_info.get_tpu_info_for_chip(version, 1))
 
 
 def _within(context, fn):
@@ -258,6 +277,7 @@ def main(request_path: str) -> int:
         else:
             stage = "lower"
             reporter.stage(stage)
+            _lower_for_the_chip(req)
             t0 = time.perf_counter()
             chip_specs = [(tuple(s), str(d)) for s, d in req["chip_specs"]] if chips > 1 else specs
             programs, closed, held = _load_programs(req["program"], chip_specs, cpu=not req["on_tpu"], chips=chips,
@@ -364,8 +384,11 @@ def main(request_path: str) -> int:
             elif i == 0 and count:   # the timing input, its loops and branches counted
                 from evaluator import trips
 
+                from evaluator.interpret import installed
+
                 counting = trips.counting_program(closed)
-                out, counted = jax.jit(counting)(*[jnp.asarray(a) for a in args])
+                with installed():    # traced here: the same interpreter set-up as the CPU program's
+                    out, counted = jax.jit(counting)(*[jnp.asarray(a) for a in args])
             else:
                 out = run_cpu(*[jnp.asarray(a) for a in args])
             jax.block_until_ready(out)

@@ -64,7 +64,9 @@ def _die_with_parent() -> None:
 class Limits:
     """Resource limits of one child process."""
 
-    memory_bytes: int = 8 << 30        # RLIMIT_AS: libtpu maps ~1 GB of code; compiles need more
+    # RLIMIT_AS: libtpu maps ~1 GB of code; compiles need more (a variant of ragged paged attention
+    # at its default task, trips.py, peaks at 4 GB resident; 8 GB of address space ran out).
+    memory_bytes: int = 12 << 30
     file_bytes: int = 256 << 20        # RLIMIT_FSIZE: largest file the child may write
     open_files: int = 1024             # RLIMIT_NOFILE
     max_output_bytes: int = 64 << 10   # stdout+stderr kept (half head, half tail)

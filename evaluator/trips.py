@@ -16,7 +16,7 @@ README's table). The judge knows the timing input, so it counts instead:
 3. **Variants.** :func:`specialise` rewrites each kernel's sites into static code the estimate
    *can* count: a ``while`` into a loop of k trips (``fori_loop`` with a constant bound), a ``cond``
    into one of its arms. :func:`plan` picks the variants: the base (every loop at the floor of its
-   mean trips per entry, every branch at its most-taken arm), plus one variant per site that
+   mean trips per entry, at least one; every branch at its most-taken arm), plus one variant per site that
    moves it by one trip or to another arm taken on the data.
 4. **The figure** is the base's estimate plus, per site, the difference each variant makes, times
    how far the real mean is from the base (:func:`combine`): exact where the estimate is linear in
@@ -48,6 +48,7 @@ class Site:
     path: tuple[int, ...]      # eqn indices from the kernel jaxpr down to the eqn (sub-jaxprs numbered too)
     kind: str                  # "while" or "cond"
     arms: int = 0              # a cond's branches
+    dma: bool = False          # a cond whose arms start or wait for DMAs
 
     @property
     def width(self) -> int:
@@ -90,7 +91,7 @@ def _walk(jaxpr: jcore.Jaxpr, taint_in: list[bool], found: list[Site] | None, pa
         elif name == "cond":
             branches = [parts(b)[0] for b in eqn.params["branches"]]
             if found is not None and ins[0]:
-                found.append(Site(here, "cond", len(branches)))
+                found.append(Site(here, "cond", len(branches), any(_has_dma(b) for b in branches)))
             outs = [ins[0]] * len(eqn.outvars)
             for k, b in enumerate(branches):
                 res = _walk(b, ins[1:], found, here + (k,))
@@ -118,6 +119,11 @@ def _walk(jaxpr: jcore.Jaxpr, taint_in: list[bool], found: list[Site] | None, pa
         for v, o in zip(eqn.outvars, outs, strict=True):
             tainted[v] = o
     return [t(v) for v in jaxpr.outvars]
+
+
+def _has_dma(jaxpr: jcore.Jaxpr) -> bool:
+    return any(e.primitive.name in ("dma_start", "dma_wait") or any(_has_dma(s) for s in subjaxprs(e))
+               for e in jaxpr.eqns)
 
 
 def sites(jaxpr: jcore.Jaxpr) -> list[Site]:
@@ -233,6 +239,10 @@ def _count_eqn(eqn, ins, counter: Counter, here) -> tuple[list, Any]:
 
 
 # ---- 4. the plan and the figure -----------------------------------------------------------------
+# The most trips a variant gives a loop; a loop of more is extrapolated from this and one more.
+MAX_TRIPS = 4
+
+
 @dataclasses.dataclass(frozen=True)
 class SiteCount:
     """What one site did on the timing input, summed over the grid."""
@@ -255,16 +265,28 @@ class SiteCount:
 
     @property
     def base(self) -> int:
-        """The base variant's choice: the floor of the mean trips, or the most-taken arm."""
+        """The base variant's choice: the floor of the mean trips, at least one (a loop of none
+        leaves a DMA it starts for a later wait unstarted, and libtpu's profiler refuses such a
+        program, "No DMA issue node found") and at most MAX_TRIPS (libtpu 0.0.42.1 crashes
+        profiling ragged paged attention's sequence loop at 32 static trips; at 2, 8 and 16 its
+        estimate is linear in the trips, 76,304 cycles each, and one at 9 trips needs 6.4 GB); or
+        the most-taken arm."""
         if self.site.kind == "while":
-            return math.floor(self.mean)
+            return max(1, min(MAX_TRIPS, math.floor(self.mean)))
         return max(range(len(self.counts)), key=lambda k: (self.counts[k], -k))
 
     def moves(self) -> list[tuple[int, float]]:
-        """(another choice, its weight): the variants beside the base this site needs."""
+        """(another choice, its weight): the variants beside the base this site needs (a loop of
+        under one or over MAX_TRIPS trips per entry on average is extrapolated from the base and
+        one more)."""
         if self.site.kind == "while":
             frac = self.mean - self.base
-            return [(self.base + 1, frac)] if frac > 1e-9 else []
+            return [(self.base + 1, frac)] if abs(frac) > 1e-9 else []
+        if self.site.dma:
+            # Fixed to its most-taken arm in every variant: another arm would leave a DMA wait
+            # without its start (double buffering), which libtpu's profiler aborts on. The bytes
+            # its copies move are counted exactly (dmas.py); only their issue is not weighed.
+            return []
         return [(k, self.share(k)) for k in range(len(self.counts)) if k != self.base and self.counts[k]]
 
 

@@ -48,7 +48,8 @@ def classify_error(stage: str, kind: str, message: str) -> Status:
     if kind in ("Refused", "WireError"):
         return Status.FAIL_TRACE
     return {"load": Status.FAIL_LOWER, "lower": Status.FAIL_LOWER, "compile": Status.FAIL_COMPILE,
-            "correctness": Status.FAIL_CORRECTNESS, "timing": Status.CRASH}.get(stage, Status.CRASH)
+            "correctness": Status.FAIL_CORRECTNESS, "trips": Status.FAIL_TIMING,
+            "timing": Status.CRASH}.get(stage, Status.CRASH)
 
 
 def failure(outcome: ChildOutcome, budgets: dict[str, float], default_budget: float
