@@ -48,7 +48,7 @@ class Site:
     path: tuple[int, ...]      # eqn indices from the kernel jaxpr down to the eqn (sub-jaxprs numbered too)
     kind: str                  # "while" or "cond"
     arms: int = 0              # a cond's branches
-    dma: bool = False          # a cond whose arms start or wait for DMAs
+    dma: bool = False          # a cond with an arm that starts a DMA it does not wait for, or the reverse
 
     @property
     def width(self) -> int:
@@ -91,7 +91,7 @@ def _walk(jaxpr: jcore.Jaxpr, taint_in: list[bool], found: list[Site] | None, pa
         elif name == "cond":
             branches = [parts(b)[0] for b in eqn.params["branches"]]
             if found is not None and ins[0]:
-                found.append(Site(here, "cond", len(branches), any(_has_dma(b) for b in branches)))
+                found.append(Site(here, "cond", len(branches), any(_unbalanced_dma(b) for b in branches)))
             outs = [ins[0]] * len(eqn.outvars)
             for k, b in enumerate(branches):
                 res = _walk(b, ins[1:], found, here + (k,))
@@ -121,9 +121,22 @@ def _walk(jaxpr: jcore.Jaxpr, taint_in: list[bool], found: list[Site] | None, pa
     return [t(v) for v in jaxpr.outvars]
 
 
-def _has_dma(jaxpr: jcore.Jaxpr) -> bool:
-    return any(e.primitive.name in ("dma_start", "dma_wait") or any(_has_dma(s) for s in subjaxprs(e))
-               for e in jaxpr.eqns)
+def _dma_ops(jaxpr: jcore.Jaxpr) -> tuple[int, int]:
+    """(DMA starts, DMA waits) written in a jaxpr, at any depth."""
+    starts = waits = 0
+    for e in jaxpr.eqns:
+        starts += e.primitive.name == "dma_start"
+        waits += e.primitive.name == "dma_wait"
+        for s in subjaxprs(e):
+            a, b = _dma_ops(s)
+            starts, waits = starts + a, waits + b
+    return starts, waits
+
+
+def _unbalanced_dma(jaxpr: jcore.Jaxpr) -> bool:
+    """An arm that starts DMAs it does not wait for (a prefetch), or waits for ones it did not start."""
+    starts, waits = _dma_ops(jaxpr)
+    return starts != waits
 
 
 def sites(jaxpr: jcore.Jaxpr) -> list[Site]:
@@ -283,9 +296,11 @@ class SiteCount:
             frac = self.mean - self.base
             return [(self.base + 1, frac)] if abs(frac) > 1e-9 else []
         if self.site.dma:
-            # Fixed to its most-taken arm in every variant: another arm would leave a DMA wait
-            # without its start (double buffering), which libtpu's profiler aborts on. The bytes
-            # its copies move are counted exactly (dmas.py); only their issue is not weighed.
+            # A branch that starts a DMA waited for elsewhere (a prefetch, as in ragged paged
+            # attention's double buffering) is held at its most-taken arm in every variant:
+            # another arm would leave a wait without its start, which libtpu's profiler aborts
+            # on. The bytes its copies move are counted exactly (dmas.py); only the issue of the
+            # copies and what else the arm does are not weighed.
             return []
         return [(k, self.share(k)) for k in range(len(self.counts)) if k != self.base and self.counts[k]]
 
