@@ -22,7 +22,7 @@ from jax._src import core as jcore
 from jax._src import tree_util
 from jax._src.interpreters import mlir
 
-from evaluator.jaxpr_tools import call_body, parts, subjaxprs
+from evaluator.jaxpr_tools import find
 
 # The marker: an identity on a scalar, whose only purpose is to be counted by trips.count_eval.
 MARK = jcore.Primitive("pallas_evolve_dma_mark")
@@ -67,37 +67,14 @@ def _dma(eqn, path) -> Dma:
     return Dma(path, size, _space(src_ref) in _HBM or _space(dst_ref) in _HBM, shape, str(window.dtype))
 
 
-def _walk(jaxpr: jcore.Jaxpr, path: tuple[int, ...], found: list, want) -> None:
-    for i, eqn in enumerate(jaxpr.eqns):
-        here = path + (i,)
-        if want(eqn):
-            found.append((here, eqn))
-        name = eqn.primitive.name
-        if name == "while":
-            _walk(parts(eqn.params["cond_jaxpr"])[0], here + (0,), found, want)
-            _walk(parts(eqn.params["body_jaxpr"])[0], here + (1,), found, want)
-        elif name == "cond":
-            for k, b in enumerate(eqn.params["branches"]):
-                _walk(parts(b)[0], here + (k,), found, want)
-        elif name == "scan" or call_body(eqn) is not None:
-            _walk(subjaxprs(eqn)[0], here + (0,), found, want)
-        else:
-            for k, sub in enumerate(subjaxprs(eqn)):
-                _walk(sub, here + (k,), found, want)
-
-
 def dmas(jaxpr: jcore.Jaxpr) -> list[Dma]:
     """Every ``dma_start`` of a kernel jaxpr, in pre-order (the paths ``variants.spec_eval`` uses)."""
-    found: list = []
-    _walk(jaxpr, (), found, lambda e: e.primitive.name == "dma_start")
-    return [_dma(eqn, path) for path, eqn in found]
+    return [_dma(eqn, path) for path, eqn in find(jaxpr, lambda e: e.primitive.name == "dma_start")]
 
 
 def marks(jaxpr: jcore.Jaxpr) -> list[tuple[tuple[int, ...], int]]:
     """(path, slot) of every marker in a (discharged) kernel jaxpr."""
-    found: list = []
-    _walk(jaxpr, (), found, lambda e: e.primitive is MARK)
-    return [(path, int(eqn.params["slot"])) for path, eqn in found]
+    return [(path, int(eqn.params["slot"])) for path, eqn in find(jaxpr, lambda e: e.primitive is MARK)]
 
 
 def counted(kernel_dmas: list[list[Dma]], starts: list[list[int]]) -> dict:

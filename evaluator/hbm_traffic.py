@@ -20,9 +20,10 @@ are evaluated on the real values of the judge's timing input when the operand is
 the program; otherwise every step is counted as a fetch (an upper bound) and a note says so.
 Around the kernels, XLA's own cost analysis gives the bytes the other ops move.
 
-Not modelled (and said so in a note): operands left in HBM (``memory_space=ANY``) and moved by
-the kernel's own DMAs; index maps using ops outside the small integer set below (counted as a
-fetch every step).
+Not modelled here (and said so in a note): operands left in HBM (``memory_space=ANY``) and moved
+by the kernel's own DMAs (the runner counts those on the timing input, ``dmas.py``, where it has
+an interpreted run; without one the figure is refused); index maps using ops outside the small
+integer set below (counted as a fetch every step).
 """
 
 from __future__ import annotations

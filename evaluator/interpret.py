@@ -5,8 +5,9 @@ grid whose carry holds *every* operand: each step slices its blocks out of the w
 the kernel on them and writes every block back, inputs included. An input written back is no
 longer a loop invariant, so XLA copies each whole operand at every step: a step costs time in
 proportion to the operands' size, not the block's. At decode sizes (a 512 MB KV cache, 4,096 grid
-steps) one check took 200 s, nearly all of it in memcpy; at JAX's flash attention with 128 blocks
-(8,192 steps) 16 s.
+steps) one check took 200 s, nearly all of it in memcpy. (Where the cost is the number of steps,
+not the operands' size, it is not this: JAX's flash attention at 128 blocks on H=32, 8,192 steps,
+takes 16 s a set either way.)
 
 :func:`grid_loop` is the same loop, with the same semantics, that carries only what a step can
 change: the outputs, the scratch buffers and any input block the kernel writes (the discharged
@@ -14,10 +15,10 @@ kernel returns such a block as a new value; an input it only reads comes back as
 variable it went in as). Every other input is read in place. One deliberate difference: a value
 the kernel writes to a scalar-prefetch operand is kept for the next grid step, as SMEM keeps it
 on the chip (Pallas' loop drops it; ragged paged attention passes the sequence it stopped at to
-the next step that way, and without it every step walked all sequences from the first). The kernel is discharged and
-evaluated exactly as Pallas does it (its own ``kernel_to_hlo_jaxpr``, block index maps, NaN-filled
-uninitialised buffers, padding of ragged blocks), so a kernel computes the same values, bit for
-bit (``tests/evaluator/test_interpret.py`` holds it to that on every seed).
+the next step that way, and without it every step walked all sequences from the first). The
+kernel is discharged and evaluated exactly as Pallas does it (its own ``kernel_to_hlo_jaxpr``,
+block index maps, NaN-filled uninitialised buffers, padding of ragged blocks), so a kernel
+computes the same values, bit for bit (``tests/evaluator/test_interpret.py`` holds it to that on every seed).
 
 :func:`installed` swaps it in for Pallas' own while the trusted runner exports its CPU program. It
 patches one private function of the pinned jax (``hlo_interpreter.pallas_call_hlo_interpret``)
@@ -51,8 +52,8 @@ def _written(jaxpr: jcore.Jaxpr, first: int, count: int) -> list[bool]:
 def grid_loop(*args, jaxpr, debug, input_output_aliases, grid_mapping, mesh, compiler_params,
               cost_estimate, out_avals, metadata, name, count: bool = False, **_):
     """``pallas_call`` interpreted on the host: Pallas' semantics, operands not carried. ``count``:
-    also return the kernel's data-dependent sites and their counts, summed over the grid
-    (``trips.py``): ``(outputs, sites, counts)``."""
+    also return the kernel's data-dependent sites, its DMA starts and their counts, summed over
+    the grid (``trips.py``, ``dmas.py``): ``(outputs, sites, counts, dmas)``."""
     del debug, mesh, compiler_params, cost_estimate, out_avals, metadata, name
     dynamic, args = args[:grid_mapping.num_dynamic_grid_bounds], args[grid_mapping.num_dynamic_grid_bounds:]
     bounds = iter(dynamic)

@@ -54,3 +54,32 @@ def subjaxprs(eqn) -> list[jcore.Jaxpr]:
             if isinstance(v, (jcore.ClosedJaxpr, jcore.Jaxpr)):
                 out.append(parts(v)[0])
     return out
+
+
+def find(jaxpr: jcore.Jaxpr, want) -> list[tuple[tuple[int, ...], object]]:
+    """(path, eqn) of every eqn for which ``want(eqn)``, at any depth, in pre-order. A path is the
+    eqn indices from ``jaxpr`` down, a sub-jaxpr numbered in between: a while's condition 0 and
+    body 1, a cond's branch k, a scan's or a call's body 0, any other eqn's k-th jaxpr k (the
+    paths ``trips.py`` and ``variants.py`` use)."""
+    found: list = []
+
+    def walk(j: jcore.Jaxpr, path: tuple[int, ...]) -> None:
+        for i, eqn in enumerate(j.eqns):
+            here = path + (i,)
+            if want(eqn):
+                found.append((here, eqn))
+            name = eqn.primitive.name
+            if name == "while":
+                walk(parts(eqn.params["cond_jaxpr"])[0], here + (0,))
+                walk(parts(eqn.params["body_jaxpr"])[0], here + (1,))
+            elif name == "cond":
+                for k, b in enumerate(eqn.params["branches"]):
+                    walk(parts(b)[0], here + (k,))
+            elif name == "scan" or call_body(eqn) is not None:
+                walk(subjaxprs(eqn)[0], here + (0,))
+            else:
+                for k, sub in enumerate(subjaxprs(eqn)):
+                    walk(sub, here + (k,))
+
+    walk(jaxpr, ())
+    return found

@@ -383,7 +383,6 @@ def main(request_path: str) -> int:
                 out = compiled(*[jax.device_put(a, device) for a in args])
             elif i == 0 and count:   # the timing input, its loops and branches counted
                 from evaluator import trips
-
                 from evaluator.interpret import installed
 
                 counting = trips.counting_program(closed)

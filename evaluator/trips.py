@@ -37,7 +37,7 @@ from jax import lax
 from jax._src import core as jcore
 
 from evaluator import dmas
-from evaluator.jaxpr_tools import bind, call_body, environment, parts, subjaxprs
+from evaluator.jaxpr_tools import bind, call_body, environment, find, parts, subjaxprs
 
 class Uncountable(Exception):
     """The kernel's data-dependent control flow is of a form this module does not count."""
@@ -121,22 +121,10 @@ def _walk(jaxpr: jcore.Jaxpr, taint_in: list[bool], found: list[Site] | None, pa
     return [t(v) for v in jaxpr.outvars]
 
 
-def _dma_ops(jaxpr: jcore.Jaxpr) -> tuple[int, int]:
-    """(DMA starts, DMA waits) written in a jaxpr, at any depth."""
-    starts = waits = 0
-    for e in jaxpr.eqns:
-        starts += e.primitive.name == "dma_start"
-        waits += e.primitive.name == "dma_wait"
-        for s in subjaxprs(e):
-            a, b = _dma_ops(s)
-            starts, waits = starts + a, waits + b
-    return starts, waits
-
-
 def _unbalanced_dma(jaxpr: jcore.Jaxpr) -> bool:
     """An arm that starts DMAs it does not wait for (a prefetch), or waits for ones it did not start."""
-    starts, waits = _dma_ops(jaxpr)
-    return starts != waits
+    ops = [eqn.primitive.name for _, eqn in find(jaxpr, lambda e: e.primitive.name in ("dma_start", "dma_wait"))]
+    return ops.count("dma_start") != ops.count("dma_wait")
 
 
 def sites(jaxpr: jcore.Jaxpr) -> list[Site]:
@@ -350,8 +338,7 @@ def _outer_eval(jaxpr: jcore.Jaxpr, consts, args, on_kernel) -> list:
 
 
 def _holds_kernel(jaxpr: jcore.Jaxpr) -> bool:
-    return any(e.primitive.name == "pallas_call" or any(_holds_kernel(s) for s in subjaxprs(e))
-               for e in jaxpr.eqns)
+    return bool(find(jaxpr, lambda e: e.primitive.name == "pallas_call"))
 
 
 def kernel_sites(closed) -> list[list[Site]]:

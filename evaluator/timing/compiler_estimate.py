@@ -107,6 +107,7 @@ class CompilerEstimate(TimingSource):
         facts = stage_data.get("compile", {})
         hbm_bytes = facts.get("hbm_bytes")
         chips = facts.get("chips", 1)
+        counted = stage_data.get("trips") or {}     # counted on the timing input (trips.py, dmas.py)
         ici_cycles, note = 0, ""
         if chips > 1:
             # A per-chip program on the mesh: per chip, max(compute, the busiest chip's HBM floor),
@@ -125,12 +126,11 @@ class CompilerEstimate(TimingSource):
             # Only the task's own XLA program (trusted) may have ops without an estimate: they are
             # counted by the program's HBM traffic. A candidate's never are (FAIL_TIMING).
             unestimated: list[str] | None = [] if facts.get("trusted") and hbm_bytes else None
-            counted = stage_data.get("trips")
-            if counted is not None:   # loops and branches on data, counted on the timing input
+            if counted:
                 cycles, why = counted.get("cycles"), counted.get("error", "")
-                note = (f"loops and branches on data counted on the timing input "
-                        f"({len(counted.get('sites', []))} site(s), {1 + len(counted.get('variants', []))} "
-                        "variant(s) compiled)") if cycles is not None else ""
+                if cycles is not None and counted.get("sites"):
+                    note = (f"loops and branches on data counted on the timing input ({len(counted['sites'])} "
+                            f"site(s), {1 + len(counted.get('variants', []))} variant(s) compiled)")
             else:
                 cycles, why = read_cycles(scratch / "llo", unestimated=unestimated)
             if unestimated:
@@ -138,7 +138,6 @@ class CompilerEstimate(TimingSource):
                         f"{', '.join(unestimated)}")
         if cycles is None:
             return Timing(None, error=why)
-        counted = stage_data.get("trips") or {}
         if facts.get("hbm_blind") and "dma_bytes" in counted and hbm_bytes is not None:
             # the kernels' own DMAs, counted as they ran on the timing input (dmas.py)
             hbm_bytes = int(hbm_bytes) + int(counted["dma_bytes"])
