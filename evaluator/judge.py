@@ -161,9 +161,14 @@ class Judge:
         timing, findings = self.estimate_timing(source, task)
         return timing.cycles, findings, timing.error
 
-    def estimate_timing(self, source: str | None, task: SeedTask) -> tuple[Timing, list[dict]]:
+    def estimate_timing(self, source: str | None, task: SeedTask, *, count: bool = False
+                        ) -> tuple[Timing, list[dict]]:
         """:meth:`estimate` as a Timing (with its compute and HBM parts); ``source`` None: the
-        task's own XLA program (trusted), without running it on the CPU."""
+        task's own XLA program (trusted), without running it on the CPU. With ``count``, a
+        candidate's loops, branches and DMAs on data are counted on the timing input (input set
+        1, run in the interpreter but not checked: ``evaluate`` checks) and the findings they
+        account for are left out of those returned; without it they stay in (the estimate
+        cannot see them)."""
         program = None
         if source is not None:
             outcome, program = self.children.trace(source, task)
@@ -179,14 +184,20 @@ class Judge:
             chips = self._traced_chips(outcome, task) if program is not None else 1
             if chips is None:
                 return Timing(None, error=f"the worker claims a chip count the task ({task.chips}) does not offer"), []
+            inputs = []
+            if count and program is not None:
+                inputs = write_inputs(private, task.input_names, [self.references.timing_inputs(task)])
             run = self.children.runner(private, task, "candidate" if program is not None else "reference",
-                                       str(path) if program is not None else None, [], timing_input=small,
+                                       str(path) if program is not None else None, inputs, timing_input=small,
                                        chips=chips)
             failed = self._failure(run)
             if failed is not None:
                 return Timing(None, error=failed[2]), []
             data = stage_data(run)
-            return self.timing.read(private, data, self.chip), data.get("audit", {}).get("findings", [])
+            findings = data.get("audit", {}).get("findings", [])
+            if "cycles" in data.get("trips", {}):
+                findings = [f for f in findings if f.get("construct") not in COUNTED_ON_DATA]
+            return self.timing.read(private, data, self.chip), findings
         finally:
             shutil.rmtree(private, ignore_errors=True)
 

@@ -103,6 +103,16 @@ class References:
                                                          self.config.correctness_inputs)
             return self._timing_inputs[task]
 
+    def timing_inputs(self, task: SeedTask) -> tuple[np.ndarray, ...]:
+        """The whole timing input (input set 1), without the f32 truth: the truth's if it is
+        made (or adopted), else made again from the timing input's secret seed."""
+        with self._lock:
+            if task in self._truth:
+                return tuple(self._truth[task][0].inputs)
+            seed = self._timing_seed(task)
+        dist = (self.config.correctness_inputs or task.correctness_inputs)[0][0]
+        return tuple(task.make_inputs(seed, dist))
+
     def write_timing_input(self, task: SeedTask, directory: Path) -> str:
         """:meth:`timing_arrays` written to ``directory`` (private to the trusted runner), for the
         index maps and the counted loops that read them."""

@@ -72,7 +72,8 @@ def task_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--seed", default=None,
                         help="a seed's name (evolve seeds) or a seed directory (default flash_attention)")
-    parser.add_argument("--chip", default=None, help=f"target chip: {', '.join(CHIPS)} (default v5e)")
+    parser.add_argument("--chip", default=None, help=f"target chip: {', '.join(CHIPS)} (default: the seed's own; v5e, "
+                                                          "v6e for ragged_paged_attention)")
     parser.add_argument("--shape", default=None, help="problem shape in the seed's grammar, e.g. "
                                                       "B=1,H=8,N=2048,D=128 (default: the seed's)")
     parser.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None,

@@ -52,6 +52,9 @@ class DecodeBenchCommand(Command):
                                  "with its source and date)")
         parser.add_argument("--out", type=Path, default=Path("decode-bench"),
                             help="where to write decode-bench.md, .png and .json (default ./decode-bench)")
+        parser.add_argument("--rpa", action="store_true",
+                            help="add JAX's ragged paged attention at its tuned blocks at each size (the "
+                                 "ragged_paged_attention seed's peer; its profile needs --chip v6e)")
         add_json_alias(parser, help="print the rows as a JSON array (the same as --format json)")
 
     def take_action(self, args: argparse.Namespace) -> int:
@@ -89,7 +92,7 @@ class DecodeBenchCommand(Command):
         judge = Judge(JudgeSettings(chip=args.chip, workers=1).judge_config())
         rows = run_decode_bench(judge, seed, base, batches=batches, cache_lens=cache_lens, chain=chain, price=price,
                                 progress=lambda key: print(f"decode-bench: {key}", file=sys.stderr),
-                                chips=chips)
+                                chips=chips, rpa=args.rpa)
         table = format_table(rows, price)
         (args.out / "decode-bench.md").write_text(table + "\n")
         print_to = args.out / "decode-bench.json"

@@ -22,11 +22,11 @@ def load_seed_arg(name_or_path: str):
 
 def task_from_args(args: argparse.Namespace, default_seed: str = "flash_attention"):
     """The task the shared task flags (cli_common.task_parser) name; what is not given, the defaults
-    (``default_seed`` on v5e). Sets ``args.seed`` and ``args.chip`` to what was used."""
+    (``default_seed`` on its seed's default chip). Sets ``args.seed`` and ``args.chip`` to what was used."""
     from evolve.config import TaskConfig
 
     args.seed = args.seed or default_seed
-    args.chip = args.chip or "v5e"
+    args.chip = args.chip or load_seed_arg(args.seed).task_class.default_chip
     if args.chip not in CHIPS:
         raise UsageError(f"unknown chip {args.chip!r}; use --chip with one of: {', '.join(CHIPS)}")
     return TaskConfig(seed=args.seed, shape=args.shape, causal=args.causal, dtype=args.dtype,

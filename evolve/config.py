@@ -193,4 +193,9 @@ def load_config(path: str | None, overrides: dict[str, dict[str, Any]]) -> RunCo
         merged = dict(data.get(section, {}) or {})
         merged.update({k: v for k, v in values.items() if v is not None})
         data[section] = merged
+    judge = data.get("judge")
+    if isinstance(judge, dict) and "chip" not in judge and isinstance(data.get("task"), dict):
+        # No chip named: the seed's own (what its kernels can be timed on).
+        seed = TaskConfig(**{k: v for k, v in data["task"].items() if k == "seed"}).load_seed()
+        judge["chip"] = seed.task_class.default_chip
     return RunConfig.from_dict(data)

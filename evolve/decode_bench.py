@@ -98,9 +98,13 @@ def _hbm_verdict(why: str, whose: str) -> str:
     return why
 
 
-def _row(label: str, task, judge: Judge, timing, findings, reference, price: Price) -> DecodeRow:
+def _row(label: str, task, judge: Judge, timing, findings, reference, price: Price,
+         size: tuple[int, int, int] | None = None) -> DecodeRow:
+    """One kernel's row; ``size`` (batch, cache length, tokens per step) when the task is not the
+    decode seed's (ragged paged attention's: its sequences, its longest cache, one token each)."""
     prov = judge.provenance(task)
-    common = {"label": label, "chips": 1, "batch": task.batch, "cache_len": task.kv_len,
+    batch, cache_len, step_tokens = size or (task.batch, task.kv_len, task.batch * task.q_len)
+    common = {"label": label, "chips": 1, "batch": batch, "cache_len": cache_len,
               "timing_source": prov.timing_source, "chip": prov.chip, "libtpu_version": prov.libtpu_version,
               "task_key": task.key}
     blind = [f["construct"] for f in findings if f.get("construct") in judge.timing.blind_spots]
@@ -110,8 +114,9 @@ def _row(label: str, task, judge: Judge, timing, findings, reference, price: Pri
         return DecodeRow(status=why.splitlines()[0][:200], latency_s=None, tokens_per_s=None, hbm_util=None,
                          tokens_per_s_per_dollar=None, speedup_vs_reference=None, cycles=None,
                          vs_best_1_chip=None, plan="", **common)
-    tokens = task.batch * task.q_len / timing.latency_s
-    roof = roofline(task.flops, task.bytes_moved, timing.latency_s, judge.chip)
+    tokens = step_tokens / timing.latency_s
+    work = task.measured_on(judge.references.timing_arrays(task)) if size else task
+    roof = roofline(work.flops, work.bytes_moved, timing.latency_s, judge.chip)
     speedup = reference.latency_s / timing.latency_s if reference is not None and reference.latency_s else None
     return DecodeRow(status="ok", latency_s=timing.latency_s, tokens_per_s=tokens, hbm_util=roof.hbm_util,
                      tokens_per_s_per_dollar=tokens / (common["chips"] * price.usd_per_chip_hour),
@@ -119,10 +124,48 @@ def _row(label: str, task, judge: Judge, timing, findings, reference, price: Pri
                      cycles=timing.cycles, vs_best_1_chip=None, plan="", **common)
 
 
+RPA_SEED = "ragged_paged_attention"
+
+
+def rpa_task(decode_task):
+    """Ragged paged attention's task at a decode task's size: ``batch`` decode sequences (no
+    prefill), its heads and head size, caches up to its length, on the RPA seed's page size."""
+    from seeds import load_seed
+
+    base = load_seed(RPA_SEED).default_task()
+    return dataclasses.replace(base, seqs=decode_task.batch, prefill=0, q_heads=decode_task.heads,
+                               kv_heads=decode_task.kv_heads, head_dim=decode_task.head_dim,
+                               max_len=decode_task.kv_len, dtype=decode_task.dtype)
+
+
+def rpa_rows(judge: Judge, decode_task, price: Price) -> list[DecodeRow]:
+    """JAX's ragged paged attention at its own tuned block sizes (the RPA seed's peer), at this
+    size: what vLLM's TPU backend runs for the same step. Its work is its own task's (each
+    sequence's valid cache, on the judge's timing input), so it has no ratio to the decode XLA
+    reference."""
+    from seeds import load_seed
+
+    seed = load_seed(RPA_SEED)
+    try:
+        task = rpa_task(decode_task)
+    except (TypeError, ValueError) as exc:
+        prov = judge.provenance(decode_task)
+        return [DecodeRow(f"{label}", 1, decode_task.batch, decode_task.kv_len, f"no RPA task here: {exc}"[:200],
+                          None, None, None, None, None, None, None, "", prov.timing_source, prov.chip,
+                          prov.libtpu_version, decode_task.key) for label in seed.peer_paths()]
+    rows = []
+    for label, path in seed.peer_paths().items():
+        timing, findings = judge.estimate_timing(path.read_text(), task, count=True)
+        rows.append(_row(label, task, judge, timing, findings, None, price,
+                         size=(decode_task.batch, decode_task.kv_len, task.tokens)))
+    return rows
+
+
 def run_decode_bench(judge: Judge, seed, base_task, *, batches=BATCHES, cache_lens=CACHE_LENS,
                      chain: tuple[str, list[Edit]] | None = None, price: Price, progress=None,
-                     chips: tuple[int, ...] = (1,)) -> list[DecodeRow]:
-    """Rows per size; with 4 in ``chips``, a 4-chip row."""
+                     chips: tuple[int, ...] = (1,), rpa: bool = False) -> list[DecodeRow]:
+    """Rows per size; with 4 in ``chips``, a 4-chip row; with ``rpa``, JAX's ragged paged
+    attention at its tuned blocks."""
     rows: list[DecodeRow] = []
     checked: dict = {}              # a 4-chip kernel's source -> its verdict at the check size
     for cache_len in cache_lens:
@@ -143,11 +186,14 @@ def run_decode_bench(judge: Judge, seed, base_task, *, batches=BATCHES, cache_le
                 else:
                     kernels.append((label, result.source))
             for label, source in kernels:
-                timing, findings = judge.estimate_timing(source, task)
+                timing, findings = judge.estimate_timing(source, task, count=True)
                 rows.append(_row(label, task, judge, timing, findings, reference, price))
+            if rpa:
+                rows += rpa_rows(judge, task, price)
             if 4 in chips:
                 best_one = min((r.latency_s for r in rows if r.cache_len == cache_len and r.batch == batch
-                                and r.chips == 1 and r.latency_s and r.label != "XLA reference"), default=None)
+                                and r.chips == 1 and r.latency_s and r.label != "XLA reference"
+                                and not r.task_key.startswith(RPA_SEED)), default=None)
                 rows.append(four_chip_row(seed, task, judge, chain, best_one, price, checked=checked))
     return rows
 

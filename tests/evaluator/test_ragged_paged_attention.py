@@ -13,7 +13,8 @@ from evaluator.result import Status
 from seeds import load_seed
 from tests.judging import judge_all
 
-SEED = Path(__file__).resolve().parents[2] / "examples" / "seed_ragged_paged_attention"
+SEED = Path(__file__).resolve().parents[2] / "seeds" / "ragged_paged_attention"
+PEER = Path(__file__).resolve().parents[2] / "examples" / "jax_ragged_paged_attention_tuned.py"
 SHAPE = "S=3,PREFILL=13,HQ=8,HKV=2,D=128,PAGE=16,LEN=64"
 
 
@@ -22,7 +23,7 @@ def verdicts(tmp_path_factory):
     seed = load_seed(str(SEED))
     task = seed.task(SHAPE)
     judge = Judge(JudgeConfig(chip="v6e", cache_dir=str(tmp_path_factory.mktemp("rpa")), workers=2))
-    peer = (SEED.parent / "jax_ragged_paged_attention_tuned.py").read_text()
+    peer = PEER.read_text()
     kernel, tuned = judge_all(judge, [seed.kernel_source, peer], task)
     return kernel, tuned, task.measured_on(judge.references.timing_arrays(task))
 

@@ -53,6 +53,28 @@ def test_a_small_decode_bench_reports_each_kernel_with_figures_that_follow_from_
     assert json.loads((out / "decode-bench.json").read_text()) == [*rows, four]
 
 
+def test_ragged_paged_attention_rows_are_timed_with_their_work_counted_on_data(tmp_path):
+    """--rpa adds JAX's ragged paged attention at its tuned blocks at each size (on v6e, where
+    libtpu's profile can read its DMAs): its loops and page copies counted on the timing input,
+    its HBM use read against its own task's work, no ratio to the decode task's XLA program."""
+    from evolve.decode_bench import rpa_task
+
+    r = evolve("decode-bench", "--chip", "v6e", "--shape", "B=4,H=8,HKV=2,N=2048,D=128,T=1", "--batches", "4",
+               "--cache-lens", "2048", "--chips", "1", "--rpa", "--out", str(tmp_path), "--json", timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = json.loads(r.stdout)
+    assert [row["label"] for row in rows] == ["XLA reference", "naive seed",
+                                              "JAX ragged_paged_attention (tuned blocks)"]
+    rpa = rows[-1]
+    assert rpa["status"] == "ok", rpa["status"]
+    task = rpa_task(load_seed("flash_decoding").task("B=4,H=8,HKV=2,N=2048,D=128,T=1"))
+    assert rpa["task_key"] == task.key and task.prefill == 0 and task.seqs == 4
+    assert rpa["timing_source"] == "compiler_estimate+hbm+trips" and rpa["speedup_vs_reference"] is None
+    assert rpa["tokens_per_s"] == pytest.approx(4 / rpa["latency_s"])
+    assert rpa["tokens_per_s_per_dollar"] == pytest.approx(rpa["tokens_per_s"] / PRICES["v6e"].usd_per_chip_hour)
+    assert 0 < rpa["hbm_util"] < 1
+
+
 @pytest.mark.parametrize("args, message", [
     (["--batches", "0"], "--batches must be positive integers"),
     (["--cache-lens", "8k"], "--cache-lens must be positive integers"),

@@ -11,6 +11,7 @@ applies; heavier variants are marked slow.
 from __future__ import annotations
 
 import os
+import dataclasses
 import random
 
 import pytest
@@ -65,8 +66,10 @@ def random_sequence(case: SeedCase, rng: random.Random, length: int, unused: set
 
 
 def judge_sequences(judge: Judge, case: SeedCase, rng_seeds, lengths) -> set[str]:
-    """Judge one random sequence per rng seed; every one must stay correct. Returns the
-    operators that applied to the seed but no sequence used."""
+    """Judge one random sequence per rng seed (on the seed's own chip); every one must stay
+    correct. Returns the operators that applied to the seed but no sequence used."""
+    if case.task.default_chip != judge.config.chip:
+        judge = Judge(dataclasses.replace(judge.config, chip=case.task.default_chip))
     unused = {op.name for op in exact_applicable(case.source, case.task)}
     assert unused, f"no exact operator applies to {case.id}"
     cases = []

@@ -50,6 +50,8 @@ EXPECTED = {
     "c7_bf16_accumulation": (Status.FAIL_CORRECTNESS, "less precise"),
     "c8_known_outputs_in_kernel": (Status.FAIL_TRACE, "bytes of constants"),
     "c8_known_outputs_in_xla": (Status.FAIL_TRACE, "bytes of constants"),
+    # The size it is checked at is the size it is timed at: the seed's figure exactly.
+    "c10_real_work_at_checked_size": (Status.PASS, ""),
 }
 # Class 8, compiler knobs the interpreter never sees: the seed with one CompilerParams field set
 # (made here from the seed's source, so they follow it) -> (status, phrase).
@@ -117,7 +119,7 @@ def verdicts(tmp_path_factory):
 def test_every_candidate_has_a_file_and_every_class_a_candidate():
     files = {p.stem for p in CANDIDATES.glob("c*.py")}
     assert set(EXPECTED) | DECODE == files
-    assert {name[:2] for name in files} == {f"c{i}" for i in range(1, 10)}
+    assert {name.split("_")[0] for name in files} == {f"c{i}" for i in range(1, 11)}
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED) + sorted(KNOBS))
@@ -218,3 +220,12 @@ def test_a_kernel_that_knows_the_public_timing_input_is_timed_on_a_secret_one(tm
     assert skip_s < naive_s and cheat_s == naive_s       # secret input: the full walk is counted
     verdict = secret.evaluate(cheat, task)
     assert verdict.status is Status.PASS, verdict.error
+
+
+def test_a_kernel_that_works_only_at_its_checked_size_is_caught_at_any_other(tmp_path):
+    """Class 10's other half: its shape branch is real. Judged at another size (the task a user
+    would time it at), it is checked there too, and it fails there."""
+    cheat = (CANDIDATES / "c10_real_work_at_checked_size.py").read_text()
+    other = AttentionTask(batch=1, heads=2, seq_len=256, head_dim=128)
+    verdict = Judge(JudgeConfig(cache_dir=str(tmp_path), workers=2)).evaluate(cheat, other)
+    assert verdict.status is Status.FAIL_CORRECTNESS, (verdict.status, verdict.error)

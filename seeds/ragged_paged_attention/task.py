@@ -1,8 +1,8 @@
 """The trusted half of the ragged paged attention seed: a serving step over a paged KV cache.
 
-A seed directory (``--seed examples/seed_ragged_paged_attention``), judged on v6e: libtpu
-0.0.42.1's static profiler refuses the kernel's DMAs on v5e ("Unsupported DMA direction: 10 on
-VL/VLP"). Not yet a built-in seed: the suites that run every built-in seed judge on v5e.
+A built-in seed (``--seed ragged_paged_attention``), judged on v6e unless --chip says otherwise
+(``default_chip``): libtpu 0.0.42.1's static profiler refuses the kernel's DMAs on v5e
+("Unsupported DMA direction: 10 on VL/VLP").
 
 The problem vLLM's TPU backend runs every step (JAX's ``ragged_paged_attention``): a batch of
 sequences, each with its own KV cache length, whose K and V live in fixed-size pages of one shared
@@ -52,7 +52,8 @@ class Task(SeedTask):
     # as for flash attention.
     distributions = ("ragged", "outliers", "tempered")
     correctness_inputs = (("ragged", 0), ("outliers", 1), ("tempered", 2))
-    peers = {"JAX ragged_paged_attention (tuned blocks)": "../jax_ragged_paged_attention_tuned.py"}
+    peers = {"JAX ragged_paged_attention (tuned blocks)": "../../examples/jax_ragged_paged_attention_tuned.py"}
+    default_chip = "v6e"
     test_tasks = {"small": ("S=3,PREFILL=13,HQ=8,HKV=2,D=128,PAGE=16,LEN=64", {})}
 
     seqs: int = 32
