@@ -133,7 +133,7 @@ class ResumeCommand(Command):
 
         archive = archive_at(args.data_dir)
         meta = run_meta(archive, args.run)
-        config = with_executor(RunConfig.from_dict(meta["config"]), args.executor, args.ray_address)
+        config = with_executor(RunConfig.stored(meta["config"]), args.executor, args.ray_address)
         check_same_start(meta.get("start"), resolve_start(config.task.start, config.task.load_seed()), args.run)
         with open_executor(config.judge) as executor:
             run = EvolutionRun(config, args.data_dir, run_id=args.run, strategy=meta.get("strategy", "ga"),

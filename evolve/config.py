@@ -16,6 +16,7 @@ class SearchConfig:
     tournament_size: int = 2
     crossover_prob: float = 0.3
     drop_prob: float = 0.15         # a child is its parent without one edit (operators only add)
+    weighted_drop: bool = True      # the edit dropped: an operator's by how seldom it has paid (else uniform)
     hall_of_fame: int = 2           # elites carried into every generation: the ratchet
     niches: int = 2                 # + the best of this many other block shapes (quality diversity)
     rng_seed: int = 0
@@ -24,6 +25,7 @@ class SearchConfig:
     # (as of the generation that bred it) is PRUNED after the compile, never checked, never fit.
     # 0 turns it off. Measured timing is never pruned.
     prune_factor: float = 2.0
+    stacked: int = 4                # the first population's first shapes that also carry every operator that applies
     max_chain: int = 3              # a mutation applies 1..max_chain operators: several knobs at once
     oversample: int = 3             # breed this many times the children needed; the surrogate ranks them
     adaptive_operators: bool = True  # draw operators by how often they have paid so far
@@ -152,6 +154,16 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    # Search keys added after runs were stored, and the value that replays such a run as it was.
+    BEFORE = {"stacked": 0, "weighted_drop": False}
+
+    @classmethod
+    def stored(cls, data: dict[str, Any]) -> RunConfig:
+        """A stored run's configuration: a search key it was stored without takes the value it
+        had then (``BEFORE``), so that a resume replays the same run."""
+        search = {**cls.BEFORE, **(data.get("search") or {})}
+        return cls.from_dict({**data, "search": search})
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:

@@ -2,7 +2,8 @@
 run steady-state so that no worker waits for a generation's straggler.
 
     items 0..n0-1   <- seed + distinct block shapes (first those that cover every legal size of
-                       each block), most with a chain of other operators that covers them all
+                       each block, the first `stacked` of them carrying every other operator
+                       that applies), most others with a chain of other operators that covers them all
     item i >= n0    <- bred as soon as items 0..i-lag have been judged and taken in (in index
                        order), from the pool as it stood then:
         repair   <- first, a child that failed in a way an operator repairs (FAIL_VMEM: the
@@ -12,7 +13,7 @@ run steady-state so that no worker waits for a generation's straggler.
                     next steps have not paid yet stays in reach) + the latest items taken in
         parents  <- tournament selection from the pool
         child    <- crossover (replay two edit histories), a drop (the parent without one of its
-                    edits) or mutation (a chain of operators, drawn by what has paid so far);
+                    edits, the least-paying operator's most likely) or mutation (a chain of operators, drawn by what has paid so far);
                     oversample x candidates ranked by the surrogate (evolve/surrogate.py) once
                     it has data; the best ranked is judged
     a "generation" is a bookkeeping unit: every population - hall_of_fame items taken in.
@@ -229,7 +230,7 @@ class Search:
         # operators that covers them all); random moves from the seed only fill what is left.
         for child in block_shapes(seed, self.task, rng, self.config.search.population - 1,
                                   max_chain=self.config.search.max_chain,
-                                  operators=self.operators):
+                                  operators=self.operators, stacked=self.config.search.stacked):
             if child.id not in self.seen:
                 self.seen.add(child.id)
                 population.append(child)
@@ -283,7 +284,8 @@ class Search:
                 if draw < s.crossover_prob:
                     child = self.toolbox.mate(first, second, rng=rng, generation=generation)
                 elif draw < s.crossover_prob + s.drop_prob:
-                    child = self.toolbox.drop(first, rng=rng, generation=generation)
+                    child = self.toolbox.drop(first, rng=rng, generation=generation,
+                                              weights=weights if s.weighted_drop else None)
                 else:
                     child = self.toolbox.mutate(first, rng=rng, generation=generation,
                                                 max_chain=s.max_chain, weights=weights)

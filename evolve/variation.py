@@ -80,8 +80,26 @@ def covering_shapes(values: list[list[int]], current: tuple[int, ...], rng: rand
     return ranked + rest
 
 
+def stack(source: str, task: Any, rng: random.Random, operators: list) -> tuple[str, list[Edit]]:
+    """Every operator of ``operators`` that applies, once each, in a random order, until none
+    that is left applies (an edit that makes another applicable, causal_skip before diagonal
+    strips, lets it in): the kitchen sink. Its edits are what drop moves prune afterwards."""
+    chain: list[Edit] = []
+    left = list(operators)
+    while True:
+        applicable = [op for op in left if op.check(source, task)]
+        if not applicable:
+            return source, chain
+        op = rng.choice(applicable)
+        left.remove(op)
+        result = op.apply(source, task, rng)
+        if result.applied and result.source != source and result.edit is not None:
+            source, chain = result.source, chain + [result.edit]
+
+
 def block_shapes(seed: Individual, task: Any, rng: random.Random, count: int, generation: int = 0,
-                 max_chain: int = 1, chained: float = 0.75, operators: list | None = None) -> list[Individual]:
+                 max_chain: int = 1, chained: float = 0.75, operators: list | None = None,
+                 stacked: int = 0) -> list[Individual]:
     """``count`` children of the seed with distinct block shapes (the values of the seed's tunables
     that the task declares legal values for, e.g. (BLOCK_Q, BLOCK_KV)), in :func:`covering_shapes`'
     order; with probability ``chained`` each is followed by a chain of 1..max_chain-1
@@ -114,7 +132,16 @@ def block_shapes(seed: Individual, task: Any, rng: random.Random, count: int, ge
                            operator="+".join(e.op for e in edits), generation=generation,
                            params={"chain": [e.to_dict() for e in edits]} if len(edits) > 1 else
                            dict(edits[0].params))
-        if max_chain > 1 and rng.random() < chained:
+        if len(children) < stacked:
+            # The first shapes (those that cover each block's sizes) also carry every other
+            # operator that applies: a multi-step kernel whose first step alone does not pay
+            # (large blocks need causal skipping, then strips) is judged at once.
+            source, more = stack(source, task, rng, [op for op in pool if op.name != "block_sizes"])
+            chain = edits + more
+            child = Individual(source, edits=[e.to_dict() for e in chain], parent_ids=(seed.id,),
+                               operator="+".join(e.op for e in chain), generation=generation,
+                               params={"chain": [e.to_dict() for e in chain]})
+        elif max_chain > 1 and rng.random() < chained:
             fewest = min(used.values())       # operators used least so far are drawn first
             weights = {name: 1.0 if n == fewest else 0.02 for name, n in used.items()} | {"block_sizes": 0.02}
             more = mutate(child, task, rng, generation, max_chain=max_chain - 1, weights=weights, operators=pool)
@@ -130,14 +157,17 @@ def block_shapes(seed: Individual, task: Any, rng: random.Random, count: int, ge
 
 
 def drop_edit(parent: Individual, seed_source: str, task: Any, rng: random.Random,
-              generation: int) -> Individual | None:
-    """The parent's history without one of its edits (drawn at random), replayed on the seed;
-    edits that no longer apply without it are dropped too. Operators only add: this is how a
-    search undoes an edit that stopped paying once others came (a rewrite that paid at small
-    blocks may cost at large ones)."""
+              generation: int, weights: dict[str, float] | None = None) -> Individual | None:
+    """The parent's history without one of its edits, replayed on the seed; edits that no longer
+    apply without it are dropped too. Operators only add: this is how a search undoes an edit
+    that stopped paying once others came (a rewrite that paid at small blocks may cost at large
+    ones). The edit is drawn at random, an operator's edits with probability by how seldom it has
+    paid (1 - ``weights``, what has paid so far; uniform without them)."""
     if not parent.edits:
         return None
-    gone = rng.randrange(len(parent.edits))
+    chance = [max(1.0 - (weights or {}).get(e["op"], 0.5), 1e-6) for e in parent.edits]
+    gone = rng.choices(range(len(parent.edits)), weights=chance, k=1)[0] if weights else \
+        rng.randrange(len(parent.edits))
     source, kept = replay_applicable(seed_source, parent.edits[:gone] + parent.edits[gone + 1:], task)
     if source == parent.source or not kept:
         return None

@@ -37,6 +37,9 @@ def main() -> int:
     p.add_argument("--population", type=int, default=8)
     p.add_argument("--generations", type=int, default=4)
     p.add_argument("--niches", type=int, default=SearchConfig.niches)
+    p.add_argument("--stacked", type=int, default=SearchConfig.stacked)
+    p.add_argument("--target", type=int, default=None,
+                   help="also print after how many kernels the champion was at most this many cycles")
     p.add_argument("--strategy", default="ga")
     p.add_argument("--cache", default=None, help="the figures' cache (default /tmp/search-replay-CHIP-TASK.json)")
     p.add_argument("--start", default=None, help="start from this module or file (as evolve run --start)")
@@ -77,15 +80,20 @@ def main() -> int:
     print(f"# {task.key} on {a.chip}, {a.strategy}; estimate only, no correctness check; cache {path}")
     for rng_seed in [int(x) for x in a.seeds.split(",")]:
         config = RunConfig(search=SearchConfig(population=a.population, generations=a.generations,
-                                               rng_seed=rng_seed, lag=4, niches=a.niches),
+                                               rng_seed=rng_seed, lag=4, niches=a.niches,
+                                               stacked=a.stacked),
                            task=task_cfg, judge=JudgeSettings(chip=a.chip))
         search = strategy_class(a.strategy)(config, source, task, evaluate=evaluate, record=record)
         start = time.monotonic()
         with concurrent.futures.ThreadPoolExecutor(2) as executor:
             champion = search.run(executor)
+        reached = next((i + 1 for i, ind in enumerate(search.taken) if a.target and ind.passed
+                        and ind.result.metrics.estimated_cycles <= a.target), None)
         edits = " -> ".join(e["op"] + (f"{e['params']}" if e.get("params") else "") for e in champion.edits)
         print(f"RNG seed {rng_seed}: champion {champion.result.metrics.estimated_cycles:,} cycles after "
-              f"{len(search.taken)} kernels ({time.monotonic() - start:.0f} s): {edits}", flush=True)
+              f"{len(search.taken)} kernels ({time.monotonic() - start:.0f} s)"
+              + (f", target reached after {reached or '>' + str(len(search.taken))}" if a.target else "")
+              + f": {edits}", flush=True)
     return 0
 
 

@@ -212,6 +212,29 @@ def test_the_first_population_covers_every_legal_size_of_each_block():
         assert len(set(sizes)) == 5
 
 
+def test_the_first_shapes_carry_every_operator_that_applies_and_replay():
+    """Stacked children: each of the first ``stacked`` shapes (the rank-paired ones) carries every
+    other operator that applies, once each, prerequisites first (causal_skip before diagonal
+    strips): a multi-step kernel whose first step alone does not pay is judged in the first
+    population. Those after them do not."""
+    from evolve.search import search_operators
+    from evolve.variation import block_shapes
+
+    ops = search_operators("v5e")
+    for rng_seed in range(3):
+        children = block_shapes(SEED, TASK, random.Random(rng_seed), 6, max_chain=3, operators=ops, stacked=4)
+        for child in children[:4]:
+            used = {e["op"] for e in child.edits}
+            assert {"causal_skip", "diagonal_strips", "deferred_norm", "approx_reciprocal"} <= used, used
+            assert len(used) == len(child.edits) - 1            # one edit each; two for the block shape
+            left = [op.name for op in ops if op.name not in used and op.check(child.source, TASK)]
+            assert left == [], left                              # nothing that applies was left out
+            assert replay(SEED.source, [Edit.from_dict(e) for e in child.edits], TASK).source == child.source
+        assert all(len(c.edits) < len(children[0].edits) for c in children[4:])
+        q = [read_tunables(c.source)["BLOCK_Q"] for c in children[:4]]
+        assert sorted(q) == [256, 512, 1024, 2048]               # the shapes paired by rank
+
+
 def test_a_child_that_failed_for_want_of_vmem_is_repaired_next():
     search = _search()
     big = _judged(_with_blocks(2048, 2048), Status.FAIL_VMEM, None, None)
@@ -272,3 +295,18 @@ def test_a_drop_undoes_one_edit_and_what_needed_it():
     no_exp2 = children["exp2_softmax{}"]
     assert no_exp2.source == replay(SEED.source, edits[:4], TASK).source and no_exp2.parent_ids == (parent.id,)
     assert drop_edit(Individual(SEED.source, edits=[]), SEED.source, TASK, random.Random(0), 1) is None
+    # Weighted by the operators' payoff: the edit of the operator that has paid least goes first.
+    weights = {"block_sizes": 0.9, "causal_skip": 0.9, "diagonal_strips": 0.9, "exp2_softmax": 0.1}
+    dropped = [drop_edit(parent, SEED.source, TASK, random.Random(seed), 1, weights=weights).params["dropped"]["op"]
+               for seed in range(40)]
+    assert dropped.count("exp2_softmax") > 20 and dropped.count("exp2_softmax") > 3 * dropped.count("causal_skip")
+
+
+def test_a_run_stored_before_stacked_shapes_resumes_as_it_was_made():
+    from evolve.config import RunConfig
+
+    old = RunConfig().to_dict()
+    del old["search"]["stacked"], old["search"]["weighted_drop"]   # a run stored before the keys existed
+    assert RunConfig.stored(old).search.stacked == 0 and not RunConfig.stored(old).search.weighted_drop
+    assert RunConfig.from_dict(old).search.stacked == SearchConfig.stacked == 4   # a new run's default
+    assert RunConfig.stored(RunConfig().to_dict()) == RunConfig()
