@@ -50,8 +50,6 @@ EXPECTED = {
     "c7_bf16_accumulation": (Status.FAIL_CORRECTNESS, "less precise"),
     "c8_known_outputs_in_kernel": (Status.FAIL_TRACE, "bytes of constants"),
     "c8_known_outputs_in_xla": (Status.FAIL_TRACE, "bytes of constants"),
-    # The size it is checked at is the size it is timed at: the seed's figure exactly.
-    "c10_real_work_at_checked_size": (Status.PASS, ""),
 }
 # Class 8, compiler knobs the interpreter never sees: the seed with one CompilerParams field set
 # (made here from the seed's source, so they follow it) -> (status, phrase).
@@ -70,6 +68,31 @@ KNOBS = {
     # seed's figure exactly; the check below).
     "c8_tiny_cost_estimate": (None, Status.PASS, ""),
 }
+
+
+# Class 10, made here from the seed's source (so it follows it): the seed's kernel at the shape the
+# suite checks it at (TASK's) and, at any other shape, no kernel at all (it returns v: free and
+# wrong). A judge that checked a kernel at a small size and timed it at the real one would check
+# one program and time another; this judge checks and times one traced program at the task's
+# shape, so the cheap path is never what it measures: PASS with the seed's figure exactly.
+SHAPE_BRANCH = {"c10_real_work_at_checked_size": (Status.PASS, "")}
+_ENTRY = '@functools.partial(jax.jit, static_argnames=("causal", "sm_scale"))\ndef flash_attention('
+
+
+def shape_branch_source() -> str:
+    seed = SEED.read_text()
+    assert seed.count(_ENTRY) == 1
+    return seed.replace(_ENTRY, "def _the_real_work(") + f"""
+
+CHECKED_SHAPE = {(TASK.batch, TASK.heads, TASK.seq_len, TASK.head_dim)}
+
+
+@functools.partial(jax.jit, static_argnames=("causal", "sm_scale"))
+def flash_attention(q, k, v, *, causal=True, sm_scale=1.0):
+    if q.shape == CHECKED_SHAPE:
+        return _the_real_work(q, k, v, causal=causal, sm_scale=sm_scale)
+    return v
+"""
 
 
 # Candidates scored by the work they really do -> the honest kernel that does that work (the seed, or
@@ -102,9 +125,10 @@ def verdicts(tmp_path_factory):
     mp.setattr(judge_module, "screen_source", lambda *a, **k: ScreenResult(True))
     cache = tmp_path_factory.mktemp("adversarial-cache")
     judge = Judge(JudgeConfig(cache_dir=str(cache), workers=2))
-    names = sorted(EXPECTED) + sorted(KNOBS) + sorted(TWINS)
+    names = sorted(EXPECTED) + sorted(KNOBS) + sorted(TWINS) + sorted(SHAPE_BRANCH)
     sources = [(CANDIDATES / f"{n}.py").read_text() for n in sorted(EXPECTED)] + [
-        knob_source(n) for n in sorted(KNOBS)] + [TWINS[n]() for n in sorted(TWINS)] + [SEED.read_text()]
+        knob_source(n) for n in sorted(KNOBS)] + [TWINS[n]() for n in sorted(TWINS)] + [
+        shape_branch_source()] + [SEED.read_text()]
     try:
         reference = judge.reference_timing(TASK)
         cache_before = (cache / "reference_timings.json").read_text()
@@ -119,12 +143,12 @@ def verdicts(tmp_path_factory):
 def test_every_candidate_has_a_file_and_every_class_a_candidate():
     files = {p.stem for p in CANDIDATES.glob("c*.py")}
     assert set(EXPECTED) | DECODE == files
-    assert {name.split("_")[0] for name in files} == {f"c{i}" for i in range(1, 11)}
+    assert {name.split("_")[0] for name in files | set(SHAPE_BRANCH)} == {f"c{i}" for i in range(1, 11)}
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED) + sorted(KNOBS))
+@pytest.mark.parametrize("name", sorted(EXPECTED) + sorted(KNOBS) + sorted(SHAPE_BRANCH))
 def test_each_candidate_is_refused_or_honestly_scored(verdicts, name):
-    status, phrase = EXPECTED[name] if name in EXPECTED else KNOBS[name][1:]
+    status, phrase = EXPECTED.get(name) or SHAPE_BRANCH.get(name) or KNOBS[name][1:]
     if name in JAILED and not jail.probe().enabled:
         pytest.skip("needs the jail")
     result = verdicts["results"][name]
@@ -225,7 +249,7 @@ def test_a_kernel_that_knows_the_public_timing_input_is_timed_on_a_secret_one(tm
 def test_a_kernel_that_works_only_at_its_checked_size_is_caught_at_any_other(tmp_path):
     """Class 10's other half: its shape branch is real. Judged at another size (the task a user
     would time it at), it is checked there too, and it fails there."""
-    cheat = (CANDIDATES / "c10_real_work_at_checked_size.py").read_text()
+    cheat = shape_branch_source()
     other = AttentionTask(batch=1, heads=2, seq_len=256, head_dim=128)
     verdict = Judge(JudgeConfig(cache_dir=str(tmp_path), workers=2)).evaluate(cheat, other)
     assert verdict.status is Status.FAIL_CORRECTNESS, (verdict.status, verdict.error)
