@@ -13,7 +13,8 @@ run steady-state so that no worker waits for a generation's straggler.
                     next steps have not paid yet stays in reach) + the latest items taken in
         parents  <- tournament selection from the pool
         child    <- crossover (replay two edit histories), a drop (the parent without one of its
-                    edits, the least-paying operator's most likely) or mutation (a chain of operators, drawn by what has paid so far);
+                    edits, the least-paying operator's most likely) or mutation (a chain of
+                    operators, drawn by what has paid so far);
                     oversample x candidates ranked by the surrogate (evolve/surrogate.py) once
                     it has data; the best ranked is judged
     a "generation" is a bookkeeping unit: every population - hall_of_fame items taken in.
