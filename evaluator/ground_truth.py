@@ -53,12 +53,16 @@ def timing_seed(explicit: Sequence[tuple[str, int]] | None = None) -> int:
     return explicit[0][1] if explicit else secrets.randbits(63)
 
 
+def timing_distribution(task: SeedTask, explicit: Sequence[tuple[str, int]] | None = None) -> str:
+    """The distribution the timing input (the first input set) is drawn from."""
+    return (explicit or task.correctness_inputs)[0][0]
+
+
 def timing_input(task: SeedTask, seed: int, explicit: Sequence[tuple[str, int]] | None = None
                  ) -> dict[str, np.ndarray]:
     """The timing input's small integer inputs (e.g. cache lengths), made with ``seed`` (see
     :func:`timing_seed`): what the HBM model's index maps and the counted trips are evaluated on."""
-    dist = (explicit or task.correctness_inputs)[0][0]
-    return {name: np.asarray(a) for name, a in task.small_inputs(seed, dist).items()
+    return {name: np.asarray(a) for name, a in task.small_inputs(seed, timing_distribution(task, explicit)).items()
             if np.issubdtype(np.asarray(a).dtype, np.integer)}
 
 

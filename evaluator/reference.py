@@ -27,7 +27,7 @@ import numpy as np
 
 from evaluator.arrays import load_array, save_array
 from evaluator.children import Children, private_dir, stage_data, write_inputs
-from evaluator.ground_truth import GroundTruth, draw, timing_input, timing_seed
+from evaluator.ground_truth import GroundTruth, draw, timing_distribution, timing_input, timing_seed
 from evaluator.timing import Timing
 from evaluator.verdicts import failure
 from evaluator.versions import versions
@@ -110,8 +110,7 @@ class References:
             if task in self._truth:
                 return tuple(self._truth[task][0].inputs)
             seed = self._timing_seed(task)
-        dist = (self.config.correctness_inputs or task.correctness_inputs)[0][0]
-        return tuple(task.make_inputs(seed, dist))
+        return tuple(task.make_inputs(seed, timing_distribution(task, self.config.correctness_inputs)))
 
     def write_timing_input(self, task: SeedTask, directory: Path) -> str:
         """:meth:`timing_arrays` written to ``directory`` (private to the trusted runner), for the
