@@ -135,6 +135,8 @@ class Children:
                 os.chown(scratch, jail.NOBODY, jail.NOBODY)
             request = {"kernel_path": str(scratch / "kernel.py"), "entry": self.config.entry or task.entry,
                        "specs": task.input_specs(), "kwargs": task.kernel_kwargs(), "out_dir": str(scratch)}
+            if not self.on_tpu:    # a kernel that asks which chip it runs on is told the judged one
+                request["device_kind"] = self.chip.device_kind
             if task.chips > 1:     # a candidate may use the whole mesh (CHIPS = task.chips)
                 request["mesh"] = {"axis": task.mesh_axis, "specs": {str(task.chips): task.chip_specs(task.chips)}}
             # The worker only loads and traces: it gets those two budgets, in all.

@@ -16,16 +16,18 @@ class Chip:
     vmem_bytes: int
     default_scoped_vmem_bytes: int
     tensorcores: int          # per chip: "parallel" grid axes are shared among them
+    device_kind: str          # what jax.devices()[0].device_kind says on such a chip
 
 
 # Peak FLOP/s and HBM bandwidth: Google Cloud TPU documentation. Clocks: v5e 1.5 GHz
 # (197 TFLOP/s from 4 MXUs of 128x128); v6e 1.75 GHz is an approximation. Cycle-derived
 # latencies are therefore approximate in absolute terms; speedups (ratios of estimates on one
 # chip and one libtpu version) are not affected by the clock. TensorCores per chip: one on v5e and
-# v6e (Cloud TPU system architecture pages; v4 and v5p have two).
+# v6e (Cloud TPU system architecture pages; v4 and v5p have two). Device kinds: what JAX reports
+# on those chips, by which production kernels look their tuned tables up (JAX's RPA, megablox).
 CHIPS: dict[str, Chip] = {
-    "v5e": Chip("v5e", "v5e:2x2", "v5litepod-4", 1.5e9, 197e12, 819e9, 128 << 20, 16 << 20, 1),
-    "v6e": Chip("v6e", "v6e:2x2", "v6e-4", 1.75e9, 918e12, 1638e9, 128 << 20, 32 << 20, 1),
+    "v5e": Chip("v5e", "v5e:2x2", "v5litepod-4", 1.5e9, 197e12, 819e9, 128 << 20, 16 << 20, 1, "TPU v5 lite"),
+    "v6e": Chip("v6e", "v6e:2x2", "v6e-4", 1.75e9, 918e12, 1638e9, 128 << 20, 32 << 20, 1, "TPU v6 lite"),
 }
 
 

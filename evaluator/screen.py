@@ -32,6 +32,10 @@ ALLOWED_IMPORTS = (
     "typing",
     "__future__",
 )
+# Private modules a kernel may still import: dtype queries that JAX's own production kernels use
+# (``from jax._src import dtypes`` in ragged paged attention, for ``itemsize_bits``). Nothing else
+# below ``jax._src``: the rest is JAX's machinery, not a kernel's.
+ALLOWED_PRIVATE = frozenset({"jax._src.dtypes"})
 # `import jax` (the top-level package) is allowed as a name; its submodules are checked above.
 ALLOWED_TOPLEVEL = {"jax"}
 # Names that `from jax import NAME` may bring in besides the allowed submodules.
@@ -74,6 +78,7 @@ class _Screen(cst.CSTVisitor):
         self.functions: dict[str, cst.FunctionDef] = {}
         self.depth = 0
         self._not_references: set[int] = set()   # Name nodes that are attribute or keyword names
+        self._import_names: set[int] = set()     # Attribute nodes naming a module in an import
 
     def _flag(self, node: cst.CSTNode, what: str) -> None:
         line = self.get_metadata(PositionProvider, node).start.line
@@ -83,7 +88,8 @@ class _Screen(cst.CSTVisitor):
     def _check_module(self, node: cst.CSTNode, dotted: str) -> None:
         private = [p for p in dotted.split(".") if p.startswith("_") and p != "__future__"]
         if private:
-            self._flag(node, f"import of private module '{dotted}' is not allowed")
+            if dotted not in ALLOWED_PRIVATE:
+                self._flag(node, f"import of private module '{dotted}' is not allowed")
             return
         if dotted in ALLOWED_TOPLEVEL:
             return
@@ -99,6 +105,11 @@ class _Screen(cst.CSTVisitor):
             self.imported_modules.add(bound)
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        # The module's dotted name is judged here, as an import, not as attribute accesses.
+        part = node.module
+        while isinstance(part, cst.Attribute):
+            self._import_names.add(id(part))
+            part = part.value
         if node.relative:
             self._flag(node, "relative imports are not allowed")
             return
@@ -112,6 +123,9 @@ class _Screen(cst.CSTVisitor):
             if name in _STDLIB and not _allowed(name) and base != "__future__":
                 self._flag(node, f"'from {base} import {name}' brings in the module '{name}', "
                                  "which is not allowed")
+                continue
+            if full in ALLOWED_PRIVATE:
+                self.imported_modules.add(alias.asname.name.value if alias.asname else name)
                 continue
             if name.startswith("_"):
                 self._flag(node, f"import of private name '{full}' is not allowed")
@@ -171,6 +185,8 @@ class _Screen(cst.CSTVisitor):
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
         self._not_references.add(id(node.attr))
+        if id(node) in self._import_names:
+            return
         attr = node.attr.value
         root = node.value
         while isinstance(root, cst.Attribute):

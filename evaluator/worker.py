@@ -8,7 +8,8 @@ never compiles for the TPU, never writes an output or a profile. Everything afte
 happens in the trusted runner (``runner.py``), which never imports candidate code.
 
 Request keys: ``kernel_path``, ``entry``, ``specs`` ([shape, dtype] of each input), ``kwargs``
-(the entry point's static keyword arguments), ``out_dir``, and for a task with a mesh ``mesh``
+(the entry point's static keyword arguments), ``out_dir``, off a TPU host ``device_kind`` (the
+judged chip's, see :func:`_judged_chip`), and for a task with a mesh ``mesh``
 ({"axis": name, "specs": {chips: per-chip specs}}): a kernel whose module sets ``CHIPS`` to one of
 those counts is traced as the per-chip program, at the per-chip specs, with the axis bound. The
 worker says which count it traced for; the runner trusts nothing of it but checks the jaxpr's
@@ -43,6 +44,35 @@ def _load_kernel(path: str, entry: str):
     return module, fn
 
 
+class _JudgedDevice:
+    """A device of this process, but saying it is the judged chip (``device_kind``)."""
+
+    def __init__(self, device, kind: str) -> None:
+        self._device, self.device_kind = device, kind
+
+    def __getattr__(self, name: str):
+        return getattr(self._device, name)
+
+    def __repr__(self) -> str:
+        return f"{self.device_kind} (judged; traced on {self._device!r})"
+
+
+def _judged_chip(jax, kind: str | None) -> None:
+    """Off a TPU host, a kernel that asks which chip it runs on is told the chip it is judged on.
+    Production kernels ask at trace time: JAX's ragged paged attention looks its tuned block
+    sizes up by ``jax.devices()[0].device_kind``, megablox checks for a TPU. Traced once, the
+    program is both checked and timed, so both see the same answer. Only the public
+    ``jax.devices`` is answered; JAX's own internals keep the real CPU devices."""
+    if not kind:
+        return
+    real = jax.devices
+
+    def devices(backend=None):
+        return [_JudgedDevice(d, kind) for d in real(backend)]
+
+    jax.devices = devices
+
+
 def _chips(module, mesh: dict | None) -> int:
     """How many chips the kernel says it uses (module-level CHIPS, default 1), if the task has them."""
     chips = getattr(module, "CHIPS", 1)
@@ -69,6 +99,7 @@ def main(request_path: str) -> int:
 
         from evaluator import traced, wire
 
+        _judged_chip(jax, req.get("device_kind"))
         module, kernel = _load_kernel(req["kernel_path"], req["entry"])
         fn = functools.partial(kernel, **req["kwargs"])
         mesh = req.get("mesh")

@@ -52,6 +52,9 @@ class Task(SeedTask):
     # as for flash attention.
     distributions = ("ragged", "outliers", "tempered")
     correctness_inputs = (("ragged", 0), ("outliers", 1), ("tempered", 2))
+    # The module's own source (``--start jax``): its code, for operators to rewrite; traced as on the
+    # judged chip, it looks its block sizes up in its own tuned table, as on a TPU.
+    starts = {"jax": "jax.experimental.pallas.ops.tpu.ragged_paged_attention.kernel"}
     peers = {"JAX ragged_paged_attention (tuned blocks)": "../../examples/jax_ragged_paged_attention_tuned.py"}
     default_chip = "v6e"
     test_tasks = {"small": ("S=3,PREFILL=13,HQ=8,HKV=2,D=128,PAGE=16,LEN=64", {})}

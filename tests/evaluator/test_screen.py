@@ -45,6 +45,9 @@ def test_the_seed_and_jax_kernels_pass(seed_source):
     assert screen(seed_source).ok
     src = ("from jax.experimental.pallas.ops.tpu import flash_attention as fa\n" + OK_TAIL)
     assert screen(src).ok
+    # the one private module JAX's production kernels import (ragged paged attention: dtype sizes)
+    assert screen("from jax._src import dtypes\nn = dtypes.itemsize_bits\n" + OK_TAIL).ok
+    assert not screen("from jax._src import dtypes\nn = dtypes._x\n" + OK_TAIL).ok
 
 
 @pytest.mark.parametrize("source, message", [
@@ -63,6 +66,8 @@ def test_the_kernel_interface_is_checked(source, message):
     ("from typing import sys", "'sys'"),
     ("import jax._src.path", "private module 'jax._src.path'"),
     ("from jax._src import path", "private module 'jax._src'"),
+    ("from jax._src import config", "private module 'jax._src'"),
+    ("import jax._src.config", "private module 'jax._src.config'"),
     ("import numpy as np\nx = np._core", "private attribute '._core'"),
     ("import numpy as np\nnp.zeros(3).dump('/tmp/x')", ".dump"),
     ("import numpy as np\nnp.zeros(3).tofile('/tmp/x')", ".tofile"),
