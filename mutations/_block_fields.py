@@ -3,9 +3,12 @@
 Our seeds keep their blocks in module-level constants (``BLOCK_Q = 128``, see ``_tunables``).
 JAX's own kernels keep them elsewhere: in a dataclass built with literal keyword arguments
 (``BlockSizes.get_default`` returns ``BlockSizes(block_q=128, block_k_major=128, ...)``), in a
-dataclass's field defaults, or in a function's keyword defaults (``block_q: int = 128``). A *block
-field* is such a literal, on the task's forward path: in a function or class reachable from the
-entry point (:func:`mutations._sites.reachable`).
+dataclass's field defaults, or in a function's keyword defaults (``block_q: int = 128``); or they
+leave a keyword default ``None`` and look the value up themselves (ragged paged attention's
+``num_kv_pages_per_block=None``: its tuned table, by the chip it runs on). A *block field* is such
+a literal, on the task's forward path: in a function or class reachable from the entry point
+(:func:`mutations._sites.reachable`). A ``None`` default is a field whose value the source does not
+say (``Field.value`` None): a move gives it one; nothing scales or compares it.
 
 The task declares legal values for its own tunables (BLOCK_Q, BLOCK_KV); :data:`FIELD_TUNABLES`
 maps a production module's names onto them. A minor block must divide its major block
@@ -27,6 +30,9 @@ FIELD_TUNABLES = {
     "block_k_major": "BLOCK_KV",
     "block_k": "BLOCK_KV",
     "block_kv": "BLOCK_KV",
+    # JAX's ragged paged attention (its task's own tunables)
+    "num_kv_pages_per_block": "NUM_KV_PAGES_PER_BLOCK",
+    "num_queries_per_block": "NUM_QUERIES_PER_BLOCK",
 }
 MAJOR = "_major"
 
@@ -36,8 +42,8 @@ class Field:
     """One block field: its name, its value and the literals that hold it."""
 
     name: str
-    value: int
-    literals: tuple[cst.Integer, ...]
+    value: int | None                # None: a keyword default of None (the module's own lookup)
+    literals: tuple[cst.Integer | cst.Name, ...]
     where: tuple[str, ...]           # the functions / classes holding the literals
 
     @property
@@ -50,10 +56,14 @@ def major_of(name: str) -> str | None:
     return None if name.endswith(MAJOR) else name + MAJOR
 
 
-def _literals(node: cst.CSTNode) -> list[tuple[str, cst.Integer]]:
-    """``name=<int>`` keyword arguments, ``name: T = <int>`` / ``name=<int>`` parameter defaults
-    and ``name: T = <int>`` class-body fields, for the names in FIELD_TUNABLES."""
-    found: list[tuple[str, cst.Integer]] = []
+def _is_none(node: cst.CSTNode | None) -> bool:
+    return isinstance(node, cst.Name) and node.value == "None"
+
+
+def _literals(node: cst.CSTNode) -> list[tuple[str, cst.Integer | cst.Name]]:
+    """``name=<int>`` keyword arguments, ``name: T = <int>`` / ``name=<int>`` / ``name=None``
+    parameter defaults and ``name: T = <int>`` class-body fields, for the names in FIELD_TUNABLES."""
+    found: list[tuple[str, cst.Integer | cst.Name]] = []
 
     class V(cst.CSTVisitor):
         def visit_Arg(self, n: cst.Arg) -> None:
@@ -61,7 +71,7 @@ def _literals(node: cst.CSTNode) -> list[tuple[str, cst.Integer]]:
                 found.append((n.keyword.value, n.value))
 
         def visit_Param(self, n: cst.Param) -> None:
-            if n.name.value in FIELD_TUNABLES and isinstance(n.default, cst.Integer):
+            if n.name.value in FIELD_TUNABLES and (isinstance(n.default, cst.Integer) or _is_none(n.default)):
                 found.append((n.name.value, n.default))
 
         def visit_AnnAssign(self, n: cst.AnnAssign) -> None:
@@ -80,7 +90,7 @@ def fields(module: cst.Module, entry: str | None) -> dict[str, Field]:
     if entry is None:
         return {}
     defs = _sites.definitions(module)
-    held: dict[str, list[tuple[str, cst.Integer]]] = {}
+    held: dict[str, list[tuple[str, cst.Integer | cst.Name]]] = {}
     for where in _sites.reachable(module, entry):
         node = defs[where]
         if isinstance(node, cst.ClassDef):       # its own field defaults; methods come separately
@@ -92,7 +102,7 @@ def fields(module: cst.Module, entry: str | None) -> dict[str, Field]:
             held.setdefault(name, []).append((where, literal))
     out = {}
     for name, items in held.items():
-        values = {int(lit.evaluated_value) for _, lit in items}
+        values = {None if _is_none(lit) else int(lit.evaluated_value) for _, lit in items}
         if len(values) == 1:
             out[name] = Field(name, values.pop(), tuple(lit for _, lit in items),
                               tuple(dict.fromkeys(w for w, _ in items)))
@@ -103,7 +113,7 @@ def consistent(values: dict[str, int]) -> str | None:
     """Why a set of block values breaks a minor-divides-major rule, or None."""
     for name, value in values.items():
         major = major_of(name)
-        if major in values and values[major] % value:
+        if value is not None and values.get(major) is not None and values[major] % value:
             return f"{name}={value} does not divide {major}={values[major]}"
     return None
 
@@ -117,6 +127,11 @@ def set_fields(module: cst.Module, entry: str | None, values: dict[str, int]) ->
         def leave_Integer(self, original: cst.Integer, updated: cst.Integer) -> cst.Integer:
             if id(original) in replace:
                 return updated.with_changes(value=str(replace[id(original)]))
+            return updated
+
+        def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
+            if id(original) in replace:     # a None default given a value
+                return cst.Integer(str(replace[id(original)]))
             return updated
 
     return module.visit(T())

@@ -33,8 +33,8 @@ def block_values(source: str, task: Any) -> dict[str, int]:
     present = set(_tunables(module, task))
     if present:
         return {name: value for name, value in ints.items() if name in present}
-    with _sites.scope(task):
-        return {name: f.value for name, f in _fields(module, task).items()}
+    with _sites.scope(task):    # a None default says no value: not one of them
+        return {name: f.value for name, f in _fields(module, task).items() if f.value is not None}
 
 
 def consistent(values: dict[str, int]) -> bool:
@@ -53,6 +53,24 @@ def _fields(module: cst.Module, task: Any) -> dict[str, F.Field]:
     entry, _ = _sites.current()
     return {name: f for name, f in F.fields(module, entry).items()
             if task.legal_values(f.tunable) is not None}
+
+
+def _unset(module: cst.Module, task: Any) -> list[str]:
+    """The block fields the source leaves None (keyword defaults the module fills itself)."""
+    return [name for name, f in _fields(module, task).items() if f.value is None]
+
+
+def _draw_all(module: cst.Module, task: Any, rng: random.Random, unset: list[str]) -> dict[str, int]:
+    """A value for every block field, the unset ones drawn from their legal values, one drawn field
+    moved (a first move from a module's own lookup gives all its blocks a value at once)."""
+    for _ in range(32):
+        values = {name: f.value for name, f in _fields(module, task).items()}
+        for name in values:
+            if values[name] is None or rng.random() < 0.5:
+                values[name] = rng.choice(legal_values(F.FIELD_TUNABLES[name], task))
+        if F.consistent(values) is None:
+            return values
+    raise NotApplicable(f"no consistent legal values for {', '.join(unset)} at {task.key}")
 
 
 def _field_legal(name: str, values: dict[str, int], task: Any) -> bool:
@@ -134,7 +152,7 @@ class BlockSizes(Operator):
         other than the heads per program, when there are at least two."""
         if not _tunables(module, task):
             current = {name: f.value for name, f in _fields(module, task).items()}
-            if len(current) < 2:
+            if len(current) < 2 or None in current.values():   # a None default has nothing to scale
                 return []
             scaled = [{n: int(v * factor) for n, v in current.items()} for factor in (2, 0.5)]
             return [shape for shape in scaled if all(_field_legal(n, shape, task) for n in shape)]
@@ -145,6 +163,8 @@ class BlockSizes(Operator):
         return [shape for factor in (2, 0.5) if (shape := _scaled(ints, names, task, factor))]
 
     def _sample(self, module, task, rng: random.Random) -> dict[str, Any]:
+        if not _tunables(module, task) and (unset := _unset(module, task)):
+            return {"shape": _draw_all(module, task, rng, unset)}
         shapes = self.shapes(module, task)
         if shapes and rng.random() < SHAPE_MOVE:
             return {"shape": rng.choice(shapes)}
@@ -195,5 +215,9 @@ class BlockSizes(Operator):
                                     f"are {legal_values(F.FIELD_TUNABLES[name], task)}")
         if (why := F.consistent(values)) is not None:
             raise NotApplicable(why)
+        left = sorted(n for n, v in values.items() if v is None)
+        if left:      # a module that looks its blocks up when any is None (RPA) would ignore the rest
+            raise NotApplicable(f"{', '.join(left)} would stay None (the module's own lookup, which "
+                                "overrides the fields set beside it): give every block field a value")
         entry, _ = _sites.current()
         return F.set_fields(module, entry, dict(new))

@@ -30,23 +30,42 @@ class VmemLimit(Operator):
             raise NotApplicable("pallas_call has no pltpu.CompilerParams(...) to set the limit on")
         return calls[0]
 
+    def _keyword(self, module, existing) -> cst.Param | None:
+        """The wrapper's keyword parameter the call passes on (``vmem_limit_bytes=vmem_limit_bytes``,
+        JAX's ragged paged attention), if its default is None (the compiler's own limit) or an
+        integer: the limit lives in that default."""
+        if not isinstance(existing, cst.Name):
+            return None
+        fn = C.wrapper(module)
+        for param in (*fn.params.params, *fn.params.kwonly_params):
+            if param.name.value == existing.value and param.default is not None and (
+                    C.norm(param.default) == "None" or _int_value(param.default) is not None):
+                return param
+        return None
+
     def _current_mib(self, module) -> float | None:
         """The limit now: the module's VMEM_LIMIT_BYTES, else a literal in the call (a module
-        without module-level tunables, e.g. JAX's own kernels, holds it there)."""
+        without module-level tunables, e.g. JAX's own kernels, holds it there), else the default
+        of the keyword the call passes on."""
         value = module_ints(module).get("VMEM_LIMIT_BYTES")
         if value is None:
             try:
                 existing = C.call_kwarg(self._params_call(module), "vmem_limit_bytes")
             except NotApplicable:
                 existing = None
+            keyword = self._keyword(module, existing)
+            if keyword is not None:
+                existing = keyword.default
             value = None if existing is None else _int_value(existing)
         return None if value is None else value / MIB
 
     def _check(self, module, task) -> Applicability:
         existing = C.call_kwarg(self._params_call(module), "vmem_limit_bytes")
-        if existing is not None and C.norm(existing) != "VMEM_LIMIT_BYTES" and _int_value(existing) is None:
+        if (existing is not None and C.norm(existing) != "VMEM_LIMIT_BYTES" and _int_value(existing) is None
+                and self._keyword(module, existing) is None):
             return Applicability(False, "vmem_limit_bytes is set to an expression other than "
-                                        "VMEM_LIMIT_BYTES or an integer")
+                                        "VMEM_LIMIT_BYTES, an integer or a keyword of the wrapper with "
+                                        "a default of None or an integer")
         return APPLICABLE
 
     def repair_params(self, source: str, task: Any) -> dict[str, Any] | None:
@@ -74,8 +93,12 @@ class VmemLimit(Operator):
             call = self._params_call(module)
             new_call = C.add_call_kwarg(call, "vmem_limit_bytes", "VMEM_LIMIT_BYTES")
             return module.deep_replace(call, new_call)  # type: ignore[return-value]
-        # No tunables at module level (a production module): the limit goes into the site's call.
+        # No tunables at module level (a production module): the limit goes into the site's call,
+        # or into the default of the wrapper's keyword that the call passes on.
         value = f"{mib} * 1024 * 1024"
+        keyword = self._keyword(module, existing)
+        if keyword is not None:
+            return module.deep_replace(keyword, keyword.with_changes(default=C.expr(value)))  # type: ignore
         if existing is None:
             new_call = C.add_call_kwarg(call, "vmem_limit_bytes", value)
         else:

@@ -23,7 +23,7 @@ NAMED = {
     "flash_attention": "flash_attention",
     "splash_attention.splash_attention_kernel": "flash_attention",
     "paged_attention.paged_attention_kernel": "flash_decoding",
-    "ragged_paged_attention.kernel": "flash_decoding",
+    "ragged_paged_attention.kernel": "ragged_paged_attention",
     "megablox.gmm": "flash_attention",
     "matmul": "flash_attention",
 }

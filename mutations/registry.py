@@ -29,6 +29,7 @@ OPERATORS = Registry("operators", {
     "split_kv": "mutations._split_kv:SplitKV",
     "dimension_semantics": "mutations._dimension_semantics:DimensionSemantics",
     "chip_split": "mutations._chip_split:ChipSplit",
+    "copies_in_need": "mutations._copies_in_need:CopiesInNeed",
 }, member="operator")
 _INSTANCES: dict[str, Operator] = {}
 _LOCK = threading.Lock()
