@@ -9,6 +9,10 @@ that libtpu's static estimator (0.0.42.1) classifies as REMOTE and gives 0 cycle
 XLA's copy when q / k / v are transposed to heads-in-lanes outside the kernel (at N=2048).
 Measured at B=1, H=8, N=512, D=128 causal on v5e: 80,406 cycles for hpp=2 against 140,270.
 
+A kernel whose blocks already carry a head axis of 1 (JAX's flash attention) is rewritten in its
+own idiom instead (``_head_coarsening_blocks``): the head axis of its blocks widens, which is one
+contiguous DMA only where its blocks span the sequence, so it applies only there.
+
 causal_skip composes when applied first (its clamped kv index is kept in every per-head map);
 applied after, it finds no literal K/V BlockSpec and refuses.
 """
@@ -21,6 +25,7 @@ from typing import Any
 import libcst as cst
 
 from . import _cst as C
+from . import _head_coarsening_blocks as blocks_idiom
 from ._base import APPLICABLE, Applicability, NotApplicable, Operator
 from ._tunables import module_ints, set_tunable
 
@@ -114,9 +119,36 @@ class HeadCoarsening(Operator):
     description = ("Process HEADS_PER_PROGRAM heads per program: q/k/v enter once per head with "
                    "one-head BlockSpecs (contiguous DMAs), the output holds a program's heads side by "
                    "side along lanes, the grid's head axis shrinks, scratch gains a head axis, the body "
-                   "loops over heads.")
+                   "loops over heads. On JAX's flash attention: the head axis of its blocks widens "
+                   "(where the blocks span the sequence) and its dispatcher loops over the heads.")
 
     def _check(self, module, task) -> Applicability:
+        try:
+            seed = self._check_seed(module, task)
+        except NotApplicable as exc:
+            seed = Applicability(False, str(exc))
+        if seed.ok or not _choices(task):
+            return seed
+        # JAX's idiom: blocks with a head axis of 1, a dispatcher over the batch block (see
+        # _head_coarsening_blocks).
+        try:
+            blocks_idiom.check(module, task)
+        except NotApplicable as exc:
+            return Applicability(False, str(exc) if blocks_idiom.has_idiom(module) else f"{seed.reason}; {exc}")
+        current = blocks_idiom.current(module)
+        if current is not None and not [d for d in _choices(task) if d != current]:
+            return Applicability(False, f"heads_per_program is already {current}, the only value "
+                                        f"above one the task ({task.key}) allows")
+        return APPLICABLE
+
+    def _seed_idiom(self, module, task) -> bool:
+        try:
+            return self._check_seed(module, task).ok
+        except NotApplicable:
+            return False
+
+    def _check_seed(self, module, task) -> Applicability:
+        """Our seed's idiom: q, k, v, o and m, l, acc refs read as ref[0, 0] and ref[...]."""
         if "HEADS_PER_PROGRAM" in module_ints(module):
             return Applicability(False, "the kernel already has HEADS_PER_PROGRAM (use block_sizes)")
         if "DIAGONAL_STRIP" in module_ints(module):
@@ -173,12 +205,18 @@ class HeadCoarsening(Operator):
         return APPLICABLE
 
     def _sample(self, module, task, rng: random.Random) -> dict[str, Any]:
-        return {"heads_per_program": rng.choice(_choices(task))}
+        if self._seed_idiom(module, task):
+            return {"heads_per_program": rng.choice(_choices(task))}
+        current = blocks_idiom.current(module)
+        return {"heads_per_program": rng.choice([d for d in _choices(task) if d != current])}
 
     def _rewrite(self, module, task, params) -> cst.Module:
         hpp = params.get("heads_per_program")
         if hpp not in _choices(task):
             raise NotApplicable(f"heads_per_program={hpp!r} is not one of {_choices(task)} at {task.key}")
+        if not self._seed_idiom(module, task):
+            blocks_idiom.check(module, task)
+            return blocks_idiom.rewrite(module, hpp)
         fn = C.kernel(module)
         io_refs, scratch_refs = C.kernel_refs(fn)
         head_dim = C.code(_block_shapes(module)[0].elements[3].value)

@@ -45,7 +45,11 @@ CASES["approx_reciprocal"] = ({}, SMALL, ())
 # 128 rows (a diagonal block then computes 3 of its 4 tiles).
 BLOCKS_256 = Edit("block_sizes", {"shape": {"block_q": 256, "block_k_major": 256, "block_k": 128}})
 CASES["diagonal_strips"] = ({"strip": 128}, ROOMY, ("BlockSizes",))
-BEFORE = {"approx_reciprocal": [Edit("deferred_norm")], "diagonal_strips": [BLOCKS_256]}
+# head_coarsening needs blocks that span the sequence (several heads then make one contiguous DMA).
+SPANNING = Edit("block_sizes", {"shape": {"block_q": 256, "block_k_major": 256, "block_k": 256}})
+CASES["head_coarsening"] = ({"heads_per_program": 2}, SMALL, ("BlockSizes",))
+BEFORE = {"approx_reciprocal": [Edit("deferred_norm")], "diagonal_strips": [BLOCKS_256],
+          "head_coarsening": [SPANNING]}
 
 
 @pytest.fixture(scope="module")
@@ -129,6 +133,12 @@ def test_the_per_step_inverse_keeps_its_exact_divide(jax_source):
     assert result.applied, result.reason
     assert "jnp.where(l_next == 0.0, 1.0, 1.0 / l_next)" in result.source
     assert "p *= pl.reciprocal(l, approx=True)" in result.source
+
+
+def test_head_coarsening_says_why_not_while_the_blocks_do_not_span_the_sequence(jax_source):
+    check = get_operator("head_coarsening").check(jax_source, SMALL)
+    assert not check.ok and "block_q=128 does not span the sequence (N=256)" in check.reason
+    assert "strided DMA" in check.reason
 
 
 def test_a_backward_site_is_refused(jax_source):
