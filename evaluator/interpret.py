@@ -78,7 +78,7 @@ def grid_loop(*args, jaxpr, debug, input_output_aliases, grid_mapping, mesh, com
         from evaluator import dmas, trips, variants
 
         copies = dmas.dmas(jaxpr)
-        if copies:     # a marker after each DMA start, counted as the run passes it
+        if copies:     # a marker after each DMA start and wait, counted as the run passes it
             marked = variants.retrace(jaxpr, grid_mapping, {}, {d.path: i for i, d in enumerate(copies)})
             kernel, kernel_consts, _ = hlo.kernel_to_hlo_jaxpr(marked, (), grid_mapping)
         found = trips.sites(kernel)

@@ -416,7 +416,8 @@ def site_counts(found: list[list[Site]], counts: list) -> list[SiteCount]:
 
 
 def dma_starts(found: list[list[Site]], counts: list) -> list[list[int]]:
-    """Each kernel's DMA start counts: its count vector past its sites' counters."""
+    """Each kernel's DMA start and wait counts (``dmas.dmas``' order): its count vector past its
+    sites' counters."""
     return [[int(x) for x in vector][sum(s.width for s in kernel_sites_):]
             for kernel_sites_, vector in zip(found, counts, strict=True)]
 

@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 from evaluator.chips import Chip
+from evaluator.dmas import unbalanced
 from evaluator.timing._base import Timing, TimingSource
 
 _CYCLES_RE = re.compile(r"estimated_cycles:\s*(\d+)")
@@ -137,6 +138,8 @@ class CompilerEstimate(TimingSource):
                 note = ("ops without a static estimate, counted by the program's HBM traffic only: "
                         f"{', '.join(unestimated)}")
         if cycles is None:
+            return Timing(None, error=why)
+        if (why := unbalanced(counted)) is not None:
             return Timing(None, error=why)
         if facts.get("hbm_blind") and "dma_bytes" in counted and hbm_bytes is not None:
             # the kernels' own DMAs, counted as they ran on the timing input (dmas.py)
