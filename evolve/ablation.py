@@ -95,13 +95,17 @@ def _grid(executor: Executor, judge: Judge, seed_source: str, task, singles: dic
     heads = [None] + [e.edits[-1] for e in singles.get("head_coarsening", [])]
     strips = [None] + sorted({e.edits[-1].params["strip"]: e.edits[-1] for e in singles.get("diagonal_strips", [])
                               }.items())
+    block_edits = [[Edit("block_sizes", {"tunable": name, "value": value}) for name, value in blocks]
+                   for blocks in _block_choices(seed_source, task)]
+    # block_sizes' own best alone too: a kernel whose blocks are not module-level constants (a
+    # production module's fields, which the grid above does not vary) gets its blocks from there.
+    if (alone := _best(singles.get("block_sizes", []))) is not None:
+        block_edits.append([alone.edits[-1]])
     candidates, seen = [], set()
-    for blocks in _block_choices(seed_source, task):
+    for blocks in block_edits:
         for hc in heads:
             for strip in strips:
-                edits = ([hc] if hc else []) + fixed + ([vmem] if vmem else []) + [
-                    Edit("block_sizes", {"tunable": name, "value": value}) for name, value in blocks
-                ] + ([strip[1]] if strip else [])
+                edits = ([hc] if hc else []) + fixed + ([vmem] if vmem else []) + blocks + ([strip[1]] if strip else [])
                 source, kept = replay_applicable(seed_source, edits, task)
                 if source not in seen:
                     seen.add(source)
