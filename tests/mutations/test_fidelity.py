@@ -62,6 +62,10 @@ def test_every_step_has_a_figure_or_a_reason(fidelity, start):
         else:
             assert row.verdict == "PASS (stand-in)"
     assert rows[0].describe == "`block_sizes` (block_q=512, block_k_major=512, block_k=128)"
+    # Step 3 applies on JAX's kernel: Autocomp's blocks span the sequence (one contiguous DMA of
+    # two heads), and the step raises the VMEM limit its two heads' blocks need.
+    assert rows[3].cycles, rows[3].why
+    assert rows[3].describe == "`head_coarsening` (heads_per_program=2) + `vmem_limit` (mib=96)"
 
     table = fidelity.format_rows(rows, task.key)
     lines = table.splitlines()
