@@ -61,13 +61,20 @@ def _unset(module: cst.Module, task: Any) -> list[str]:
 
 
 def _draw_all(module: cst.Module, task: Any, rng: random.Random, unset: list[str]) -> dict[str, int]:
-    """A value for every block field, the unset ones drawn from their legal values, one drawn field
-    moved (a first move from a module's own lookup gives all its blocks a value at once)."""
+    """A value for every block field, one of them moved: a first move from a module's own lookup
+    gives all its blocks a value at once, starting where the lookup would (``task.looked_up``,
+    e.g. RPA's tuned table) or, where the task does not know it, at a legal value drawn."""
+    current = {name: f.value for name, f in _fields(module, task).items()}
     for _ in range(32):
-        values = {name: f.value for name, f in _fields(module, task).items()}
+        values = dict(current)
         for name in values:
-            if values[name] is None or rng.random() < 0.5:
-                values[name] = rng.choice(legal_values(F.FIELD_TUNABLES[name], task))
+            if values[name] is None:
+                found = getattr(task, "looked_up", lambda _: None)(F.FIELD_TUNABLES[name])
+                values[name] = found if found is not None else rng.choice(legal_values(F.FIELD_TUNABLES[name], task))
+        moved = rng.choice(sorted(values))
+        others = [v for v in legal_values(F.FIELD_TUNABLES[moved], task) if v != values[moved]]
+        if others:
+            values[moved] = rng.choice(others)
         if F.consistent(values) is None:
             return values
     raise NotApplicable(f"no consistent legal values for {', '.join(unset)} at {task.key}")

@@ -160,6 +160,12 @@ class SeedTask:
         task does not know the tunable (operators then leave it alone)."""
         return None
 
+    def looked_up(self, tunable: str) -> int | None:
+        """The value a production module picks itself for a tunable it leaves None (a tuned
+        table's entry for this problem on the seed's default chip), or None if the task does not
+        know it. A first block move from such a module starts there."""
+        return None
+
     SMALL_INPUT_BYTES = 1 << 20
 
     def small_inputs(self, seed: int, distribution: str) -> dict[str, np.ndarray]:

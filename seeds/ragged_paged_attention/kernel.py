@@ -3,9 +3,9 @@
 The kernel itself is the installed ``jax.experimental.pallas.ops.tpu.ragged_paged_attention``
 (read at run time; nothing of it is copied here). Its block sizes are this module's tunables,
 starting at the values the module's own tuned table gives the seed's default task on v6e; the
-module would look them up itself, but its lookup asks for a TPU device. A search from here moves
-the block sizes (what tune-jax does); rewrites of the kernel's own code need its source as the
-start.
+module looks them up itself when they are None (by the chip it is traced for, which the judge
+answers). A search from here moves the block sizes (what tune-jax does); rewrites of the
+kernel's own code start from its source: ``--start jax``.
 """
 
 from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as _rpa

@@ -249,6 +249,23 @@ class Task(SeedTask):
 
         return attention
 
+    def looked_up(self, tunable: str) -> int | None:
+        """The module's tuned table's entry for this problem on v6e (read from the installed
+        package at run time, as its own lookup keys it; the module's defaults where the table has
+        none), clamped as the module clamps them."""
+        if tunable not in BLOCK_TUNABLES:
+            return None
+        import jax.numpy as jnp
+        from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
+        from jax.experimental.pallas.ops.tpu.ragged_paged_attention import tuned_block_sizes as tuned
+
+        dtype = jnp.dtype(self.dtype)
+        q_heads, kv_heads = rpa.get_min_heads_per_blk(self.q_heads, 2 * self.kv_heads, dtype, dtype)
+        key = tuned.simplify_key((dtype, dtype, q_heads, kv_heads // 2, self.head_dim, self.page, self.tokens,
+                                  self.pages_per_seq))
+        kv_blk, q_blk = tuned.TUNED_BLOCK_SIZES.get("TPU v6", {}).get(key, (128, 32))
+        return min(self.pages_per_seq, kv_blk) if tunable == BLOCK_TUNABLES[0] else min(self.tokens, q_blk)
+
     def legal_values(self, tunable: str) -> list[int] | None:
         if tunable == "NUM_KV_PAGES_PER_BLOCK":
             return [p for p in (1, 2, 4, 8, 16, 32, 64, 128) if p <= self.pages_per_seq]

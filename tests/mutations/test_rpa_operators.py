@@ -34,6 +34,14 @@ def test_a_first_block_move_gives_every_none_default_a_value(case):
     shape = result.edit.params["shape"]
     assert set(shape) == {"num_kv_pages_per_block", "num_queries_per_block"}
     assert f"num_kv_pages_per_block: int | None = {shape['num_kv_pages_per_block']}," in result.source
+    # It starts where the module's own lookup would (its tuned table's entry, via the task) and
+    # moves one of them: a neighbour of the tuned blocks, not a random pair.
+    looked = {"num_kv_pages_per_block": task.looked_up("NUM_KV_PAGES_PER_BLOCK"),
+              "num_queries_per_block": task.looked_up("NUM_QUERIES_PER_BLOCK")}
+    assert looked == {"num_kv_pages_per_block": 4, "num_queries_per_block": 16}
+    for rng_seed in range(6):
+        shape = op.apply(source, task, random.Random(rng_seed)).edit.params["shape"]
+        assert sum(shape[n] != looked[n] for n in shape) == 1, shape
     # One field alone would be overridden by the module's lookup of both: refused, with the reason.
     alone = op.apply_params(source, task, {"tunable": "num_queries_per_block", "value": 8})
     assert alone.status == "not_applicable" and "num_kv_pages_per_block would stay None" in alone.reason
