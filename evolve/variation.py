@@ -119,8 +119,9 @@ def block_shapes(seed: Individual, task: Any, rng: random.Random, count: int, ge
         if len(children) == count:
             break
         source, edits = seed.source, []
-        # Fields are set as one shape (a minor block must divide its major one at every step).
-        moves = ([{"shape": {n: v for n, v, old in zip(names, shape, current.values()) if v != old}}]
+        # Fields are set as one shape (a minor block must divide its major one at every step), all
+        # of them (a module that looks its blocks up when one is None overrides a lone one).
+        moves = ([{"shape": dict(zip(names, shape))}]
                  if fields else [{"tunable": n, "value": v} for n, v in zip(names, shape)])
         for params in moves:
             result = blocks.apply_params(source, task, params)

@@ -33,8 +33,10 @@ def block_values(source: str, task: Any) -> dict[str, int]:
     present = set(_tunables(module, task))
     if present:
         return {name: value for name, value in ints.items() if name in present}
-    with _sites.scope(task):    # a None default says no value: not one of them
-        return {name: f.value for name, f in _fields(module, task).items() if f.value is not None}
+    with _sites.scope(task):    # a None default: the value the module's own lookup gives, if known
+        values = {name: f.value if f.value is not None else _looked_up(task, name)
+                  for name, f in _fields(module, task).items()}
+        return {name: value for name, value in values.items() if value is not None}
 
 
 def consistent(values: dict[str, int]) -> bool:
@@ -60,6 +62,11 @@ def _unset(module: cst.Module, task: Any) -> list[str]:
     return [name for name, f in _fields(module, task).items() if f.value is None]
 
 
+def _looked_up(task: Any, name: str) -> int | None:
+    """What a module picks itself for the block field ``name`` it leaves None (``task.looked_up``)."""
+    return getattr(task, "looked_up", lambda _: None)(F.FIELD_TUNABLES[name])
+
+
 def _draw_all(module: cst.Module, task: Any, rng: random.Random, unset: list[str]) -> dict[str, int]:
     """A value for every block field, one of them moved: a first move from a module's own lookup
     gives all its blocks a value at once, starting where the lookup would (``task.looked_up``,
@@ -69,7 +76,7 @@ def _draw_all(module: cst.Module, task: Any, rng: random.Random, unset: list[str
         values = dict(current)
         for name in values:
             if values[name] is None:
-                found = getattr(task, "looked_up", lambda _: None)(F.FIELD_TUNABLES[name])
+                found = _looked_up(task, name)
                 values[name] = found if found is not None else rng.choice(legal_values(F.FIELD_TUNABLES[name], task))
         moved = rng.choice(sorted(values))
         others = [v for v in legal_values(F.FIELD_TUNABLES[moved], task) if v != values[moved]]
