@@ -99,23 +99,23 @@ def _spans(module: cst.Module, task) -> None:
 def check(module: cst.Module, task) -> None:
     """Raise NotApplicable unless the site has this idiom (or already has the tunable) and its
     blocks span the task's sequence."""
-    if current(module) is None:
-        structure(module)
+    structure(module)
     _spans(module, task)
 
 
 def has_idiom(module: cst.Module) -> bool:
     try:
-        if current(module) is None:
-            structure(module)
+        structure(module)
     except NotApplicable:
         return False
     return True
 
 
 def structure(module: cst.Module) -> None:
-    """Raise NotApplicable unless the site's blocks carry a head axis of 1 and its kernel
-    dispatches over the batch block."""
+    """Raise NotApplicable unless the site already has the tunable, or its blocks carry a head
+    axis of 1 and its kernel dispatches over the batch block."""
+    if current(module) is not None:
+        return
     wrapper = C.wrapper(module)
     _, grid = _grid(wrapper)
     if not isinstance(grid.elements[1].value, cst.Name):
