@@ -13,10 +13,13 @@ from evolve.errors import UsageError
 class SearchConfig:
     population: int = 8
     generations: int = 4
-    tournament_size: int = 2
+    tournament_size: int = 3
     crossover_prob: float = 0.3
     drop_prob: float = 0.15         # a child is its parent without one edit (operators only add)
     weighted_drop: bool = True      # the edit dropped: an operator's by how seldom it has paid (else uniform)
+    tweak_prob: float = 0.2         # a child is its parent with one edit's parameter moved to the nearest other value
+    passed_parents: bool = True     # parents are kernels that passed (a failed one is only ever repaired)
+    local_prob: float = 0.3         # a child is the champion's one-step neighbour the surrogate ranks first
     hall_of_fame: int = 2           # elites carried into every generation: the ratchet
     niches: int = 2                 # + the best of this many other block shapes (quality diversity)
     rng_seed: int = 0
@@ -45,12 +48,17 @@ class SearchConfig:
             raise UsageError(f"population must be at least 2, got {self.population}; use --population 2 or more")
         if self.generations < 0:
             raise UsageError(f"generations must be 0 or more, got {self.generations}")
-        if not 1 <= self.tournament_size <= self.population:
-            raise UsageError("tournament_size must be between 1 and the population size")
+        if self.tournament_size < 1:
+            # (drawn with replacement, so it may exceed the population)
+            raise UsageError(f"tournament_size must be 1 or more, got {self.tournament_size}")
         if not 0.0 <= self.crossover_prob <= 1.0:
             raise UsageError("crossover_prob must be between 0 and 1")
         if not 0.0 <= self.drop_prob <= 1.0 - self.crossover_prob:
             raise UsageError("drop_prob must be between 0 and 1 - crossover_prob")
+        if not 0.0 <= self.local_prob <= 1.0:
+            raise UsageError("local_prob must be between 0 and 1")
+        if not 0.0 <= self.tweak_prob <= 1.0 - self.crossover_prob - self.drop_prob:
+            raise UsageError("tweak_prob must be between 0 and 1 - crossover_prob - drop_prob")
         if self.max_chain < 1:
             raise UsageError(f"max_chain must be at least 1, got {self.max_chain}")
         if self.oversample < 1:
@@ -156,7 +164,8 @@ class RunConfig:
         return dataclasses.asdict(self)
 
     # Search keys added after runs were stored, and the value that replays such a run as it was.
-    BEFORE = {"stacked": 0, "weighted_drop": False}
+    BEFORE = {"stacked": 0, "weighted_drop": False, "tweak_prob": 0.0, "passed_parents": False,
+              "local_prob": 0.0}
 
     @classmethod
     def stored(cls, data: dict[str, Any]) -> RunConfig:

@@ -40,7 +40,7 @@ from deap import base, tools
 from evolve.config import RunConfig
 from evolve.individual import Individual
 from evolve.surrogate import Surrogate
-from evolve.variation import block_shapes, crossover, drop_edit, mutate
+from evolve.variation import block_shapes, crossover, drop_edit, dropped, knobs, mutate, nearest, tweak_edit, tweaked
 from mutations import all_operators, block_values, read_tunables
 
 
@@ -88,6 +88,7 @@ def make_toolbox(config: RunConfig, seed_source: str, task, *, evaluate: Callabl
     toolbox.register("mutate", mutate, task=task, operators=operators)
     toolbox.register("mate", crossover, seed_source=seed_source, task=task)
     toolbox.register("drop", drop_edit, seed_source=seed_source, task=task)
+    toolbox.register("tweak", tweak_edit, seed_source=seed_source, task=task)
     toolbox.register("select", tools.selTournament, tournsize=config.search.tournament_size)
     toolbox.register("evaluate", evaluate)
     toolbox.register("record", record)
@@ -144,6 +145,7 @@ class Search:
         self.repairs: list[Individual] = []            # children failed in a way an operator repairs
         self.repairable = {status for op in self.operators for status in op.repairs}
         self.cells: dict[str, tuple] = {}             # individual id -> its block shape (parsed once)
+        self.near: dict[str, list[tuple]] = {}        # champion id -> its one-step moves not drawn yet
 
     def weights(self) -> dict[str, float] | None:
         """Each operator's chance of paying off (Laplace: (wins + 1) / (tries + 2))."""
@@ -166,7 +168,9 @@ class Search:
                 continue
             parent = self.speedups.get(ind.parent_ids[0])
             won = ind.passed and parent is not None and (ind.speedup or 0.0) > parent
-            for op in ind.operator.split("+"):
+            # A tweak is credited to the operator whose parameter it moved.
+            ops = [ind.params["edit"]["op"]] if ind.operator == "tweak" else ind.operator.split("+")
+            for op in ops:
                 tries, wins = self.credit.get(op, [0, 0])
                 self.credit[op] = [tries + 1, wins + int(won)]
 
@@ -212,7 +216,7 @@ class Search:
                 elites.append(ind)
                 ids.add(ind.id)
                 cells.add(self.cell(ind))
-        rest = [ind for ind in self.taken if ind.id not in ids]
+        rest = [ind for ind in self.taken if ind.id not in ids and (ind.passed or not s.passed_parents)]
         room = s.population - len(elites)
         return elites + (rest[-room:] if room > 0 else [])
 
@@ -252,7 +256,7 @@ class Search:
             for op in self.operators:
                 if failed.result.status.value not in op.repairs:
                     continue
-                params = op.repair_params(failed.source, self.task)
+                params = op.repair_params(failed.source, self.task, failed.result.error or "")
                 result = op.apply_params(failed.source, self.task, params) if params is not None else None
                 if result is None or not result.applied:
                     continue
@@ -261,6 +265,30 @@ class Search:
                                    generation=generation)
                 if child.id not in self.seen:
                     return child
+        return None
+
+    def local(self, rng: random.Random, generation: int) -> Individual | None:
+        """The local search's step: one of the champion's one-step neighbours (an edit dropped, or
+        a parameter moved to its nearest other value) not judged yet, drawn by what the operators'
+        paired trials say (a drop by how seldom its operator has paid, a tweak by how often): a
+        multi-step kernel found with a random parameter or with an edit that costs (a stacked
+        first kernel) is walked to its local optimum, whatever tournaments draw. Each champion's
+        moves are drawn without replacement and built only when drawn."""
+        champion = self.champion
+        moves = self.near.setdefault(champion.id, [("drop", i, None) for i in range(len(champion.edits))]
+                                     + [("tweak", i, None) for i in knobs(champion)])
+        weights = self.weights() or {}
+        while moves:
+            chance = [max(1.0 - weights.get(champion.edits[i]["op"], 0.5) if kind == "drop"
+                          else weights.get(champion.edits[i]["op"], 0.5), 1e-6) for kind, i, _ in moves]
+            kind, i, params = moves.pop(rng.choices(range(len(moves)), weights=chance, k=1)[0])
+            if kind == "tweak" and params is None:     # its nearest values, each a move of its own
+                moves += [("tweak", i, p) for p in nearest(champion, i, self.seed_source, self.task, rng)]
+                continue
+            child = dropped(champion, i, self.seed_source, self.task, generation) if kind == "drop" else \
+                tweaked(champion, i, params, self.seed_source, self.task, generation)
+            if child is not None and child.id not in self.seen:
+                return child
         return None
 
     def breed_one(self, index: int, generation: int) -> Individual | None:
@@ -275,6 +303,12 @@ class Search:
         state = item_rng(s.rng_seed, index)
         rng = random.Random(state)
         random.seed(state)   # DEAP's selection draws from the global generator
+        if self.champion is not None and rng.random() < s.local_prob:
+            child = self.local(rng, generation)
+            if child is not None:
+                child.cut = self.cut()
+                self.seen.add(child.id)
+                return child
         pool, weights = self.pool(), self.weights()
         want = s.oversample if self.surrogate.ready else 1
         candidates: list[Individual] = []
@@ -287,6 +321,8 @@ class Search:
                 elif draw < s.crossover_prob + s.drop_prob:
                     child = self.toolbox.drop(first, rng=rng, generation=generation,
                                               weights=weights if s.weighted_drop else None)
+                elif draw < s.crossover_prob + s.drop_prob + s.tweak_prob:
+                    child = self.toolbox.tweak(first, rng=rng, generation=generation, weights=weights)
                 else:
                     child = self.toolbox.mutate(first, rng=rng, generation=generation,
                                                 max_chain=s.max_chain, weights=weights)

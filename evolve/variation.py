@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import itertools
+import json
+import math
 import random
 from typing import Any
 
 from evolve.individual import Individual
-from mutations import Edit, all_operators
+from mutations import Edit, all_operators, get_operator
 from mutations._replay import replay_applicable
 
 
@@ -169,6 +171,10 @@ def drop_edit(parent: Individual, seed_source: str, task: Any, rng: random.Rando
     chance = [max(1.0 - (weights or {}).get(e["op"], 0.5), 1e-6) for e in parent.edits]
     gone = rng.choices(range(len(parent.edits)), weights=chance, k=1)[0] if weights else \
         rng.randrange(len(parent.edits))
+    return dropped(parent, gone, seed_source, task, generation)
+
+
+def dropped(parent: Individual, gone: int, seed_source: str, task: Any, generation: int) -> Individual | None:
     source, kept = replay_applicable(seed_source, parent.edits[:gone] + parent.edits[gone + 1:], task)
     if source == parent.source or not kept:
         return None
@@ -187,3 +193,88 @@ def crossover(a: Individual, b: Individual, seed_source: str, task: Any, rng: ra
         return None
     return Individual(source, edits=kept, parent_ids=(a.id, b.id), operator="crossover",
                       params={"cut_a": cut_a, "cut_b": cut_b}, generation=generation)
+
+
+def _numbers(params: Any, path: str = "") -> dict[str, Any]:
+    """A parameter set flattened to its leaves (a block shape's sizes are leaves too)."""
+    if isinstance(params, dict):
+        out: dict[str, Any] = {}
+        for key, value in params.items():
+            out |= _numbers(value, f"{path}/{key}")
+        return out
+    return {path: params}
+
+
+def _distance(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """How far apart two parameter sets of one operator are: the sum of |log2| ratios of their
+    numbers; another tunable, site or any other leaf that differs is not a neighbour (inf)."""
+    x, y = _numbers(a), _numbers(b)
+    if x.keys() != y.keys():
+        return math.inf
+    total = 0.0
+    for key in x:
+        u, v = x[key], y[key]
+        if u == v:
+            continue
+        if isinstance(u, int) and isinstance(v, int) and not isinstance(u, bool) and u > 0 and v > 0:
+            total += abs(math.log2(v) - math.log2(u))
+        else:
+            return math.inf
+    return total
+
+
+def nearest(parent: Individual, i: int, seed_source: str, task: Any, rng: random.Random,
+            draws: int = 64) -> list[dict[str, Any]]:
+    """The parameter sets nearest to edit ``i``'s (by :func:`_distance`) among ``draws`` draws of
+    its operator at that point of the parent's history, in a stable order."""
+    edit = parent.edits[i]
+    op = get_operator(edit["op"])
+    before, _ = replay_applicable(seed_source, parent.edits[:i], task)
+    options: dict[str, dict[str, Any]] = {}
+    if not op.check(before, task).ok:
+        return []
+    for _ in range(draws):          # draws of parameters only: the rewrite is made once, for the pick
+        params = Edit(edit["op"], op.sample_params(before, task, random.Random(rng.random()))).params
+        if params != edit.get("params"):
+            options.setdefault(json.dumps(params, sort_keys=True), params)
+    ranked = sorted((_distance(edit.get("params") or {}, params), key) for key, params in options.items())
+    return [options[key] for distance, key in ranked if distance == ranked[0][0] < math.inf] if ranked else []
+
+
+def tweaked(parent: Individual, i: int, params: dict[str, Any], seed_source: str, task: Any,
+             generation: int) -> Individual | None:
+    edit = parent.edits[i]
+    edits = parent.edits[:i] + [{"op": edit["op"], "params": params}] + parent.edits[i + 1:]
+    source, kept = replay_applicable(seed_source, edits, task)
+    if source == parent.source or not kept:
+        return None
+    return Individual(source, edits=kept, parent_ids=(parent.id,), operator="tweak",
+                      params={"edit": edit, "to": params}, generation=generation)
+
+
+def knobs(parent: Individual) -> list[int]:
+    """The indices of the parent's edits that have parameters to move."""
+    return [i for i, e in enumerate(parent.edits) if _numbers(e.get("params") or {})]
+
+
+def tweak_edit(parent: Individual, seed_source: str, task: Any, rng: random.Random, generation: int,
+               weights: dict[str, float] | None = None, draws: int = 64) -> Individual | None:
+    """The parent's history with one edit's parameters moved to the nearest other value its
+    operator draws at that point (strips of 1024 to 512, a block of 1024 to 2048 or 512), replayed
+    on the seed: the local step that a structure found at a random parameter needs, and that a new
+    edit of the same operator on top would take only at the chance of drawing that value. The
+    edit is drawn by how often its operator has paid (``weights``; uniform without them): a knob
+    that has never changed a figure (a VMEM limit the kernel does not need) is seldom moved."""
+    left = knobs(parent)
+    chance = [max((weights or {}).get(parent.edits[i]["op"], 0.5), 1e-6) for i in left]
+    order = []
+    while left:                       # drawn without replacement, by weight
+        k = rng.choices(range(len(left)), weights=chance, k=1)[0]
+        order.append(left.pop(k))
+        chance.pop(k)
+    for i in order:                   # the first edit drawn that has a neighbour moves
+        near = nearest(parent, i, seed_source, task, rng, draws)
+        child = tweaked(parent, i, rng.choice(near), seed_source, task, generation) if near else None
+        if child is not None:
+            return child
+    return None

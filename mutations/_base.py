@@ -127,8 +127,9 @@ class Operator(abc.ABC):
         """The tunables this operator may set on ``source`` for ``task`` (default: ``tunables``)."""
         return self.tunables
 
-    def repair_params(self, source: str, task: Any) -> dict[str, Any] | None:
-        """The parameters that repair ``source`` after one of ``repairs``; None: no repair left."""
+    def repair_params(self, source: str, task: Any, error: str = "") -> dict[str, Any] | None:
+        """The parameters that repair ``source`` after one of ``repairs`` (``error``: the verdict's
+        message); None: no repair left."""
         return None
 
     def pays_on(self, chip: Any) -> bool:

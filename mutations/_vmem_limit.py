@@ -14,6 +14,8 @@ from ._tunables import _int_value, _is_tunable, module_ints, set_tunable
 MIB = 1024 * 1024
 # v5e: 128 MiB physical VMEM, 16 MiB default scoped limit (32 MiB on v6e). Leave headroom.
 LIMITS_MIB = (16, 24, 32, 48, 64, 96)
+# What the compiler says when a kernel is over the chip's VMEM itself, not over the scoped limit.
+OVER_CAPACITY = "Exceeded vmem capacity"
 
 
 class VmemLimit(Operator):
@@ -68,9 +70,10 @@ class VmemLimit(Operator):
                                         "a default of None or an integer")
         return APPLICABLE
 
-    def repair_params(self, source: str, task: Any) -> dict[str, Any] | None:
-        """The largest limit, if the kernel does not have it yet (a kernel over it is too big)."""
-        if not self.check(source, task).ok:
+    def repair_params(self, source: str, task: Any, error: str = "") -> dict[str, Any] | None:
+        """The largest limit, if the kernel does not have it yet (a kernel over it is too big), and
+        unless the compiler said the kernel is over the chip's VMEM itself, which no limit lifts."""
+        if not self.check(source, task).ok or OVER_CAPACITY in error:
             return None
         current = self._current_mib(parse(source))
         return {"mib": LIMITS_MIB[-1]} if current is None or current < LIMITS_MIB[-1] else None

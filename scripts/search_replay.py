@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/search_replay.py [--seeds 0,1,2,3,4] [--generations 4] [--niches 2]
         [--chip v5e] [--shape B=1,H=8,N=2048,D=128] [--strategy ga] [--cache FILE] [--start jax]
+        [--set tweak_prob=0 ...]
 
 Runs the strategy's ``Search`` exactly as ``evolve run`` does (same breeding, lag 4 as with two
 workers, the cascade's cut), but each kernel's verdict is only the judge's estimate
@@ -40,10 +41,13 @@ def main() -> int:
     p.add_argument("--stacked", type=int, default=SearchConfig.stacked)
     p.add_argument("--target", type=int, default=None,
                    help="also print after how many kernels the champion was at most this many cycles")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="another [search] setting, as in the configuration file (e.g. tweak_prob=0)")
     p.add_argument("--strategy", default="ga")
     p.add_argument("--cache", default=None, help="the figures' cache (default /tmp/search-replay-CHIP-TASK.json)")
     p.add_argument("--start", default=None, help="start from this module or file (as evolve run --start)")
     a = p.parse_args()
+    settings = {key: json.loads(value) for key, value in (item.split("=", 1) for item in a.set)}
     task_cfg = TaskConfig(seed=a.seed, shape=a.shape, start=a.start)
     task, seed = task_cfg.task(), task_cfg.load_seed()
     source = resolve_start(a.start, seed).source
@@ -81,7 +85,7 @@ def main() -> int:
     for rng_seed in [int(x) for x in a.seeds.split(",")]:
         config = RunConfig(search=SearchConfig(population=a.population, generations=a.generations,
                                                rng_seed=rng_seed, lag=4, niches=a.niches,
-                                               stacked=a.stacked),
+                                               stacked=a.stacked, **settings),
                            task=task_cfg, judge=JudgeSettings(chip=a.chip))
         search = strategy_class(a.strategy)(config, source, task, evaluate=evaluate, record=record)
         start = time.monotonic()

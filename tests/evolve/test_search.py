@@ -4,6 +4,7 @@ steady-state loop (same run whatever order workers finish in; no worker waits fo
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
@@ -264,6 +265,51 @@ def test_the_pool_keeps_the_best_of_other_block_shapes_alive():
     assert [i.id for i in _search(population=4, hall_of_fame=1).pool()] == []
 
 
+def test_a_kernel_that_failed_is_never_a_parent():
+    search = _search(population=4, hall_of_fame=1, niches=0)
+    best = _judged(_with_blocks(1024, 1024), Status.PASS, 150_000, 4.0)
+    failed = [_judged(_with_blocks(q, q), status, None, None)
+              for q, status in [(2048, Status.FAIL_VMEM), (512, Status.FAIL_CORRECTNESS)]]
+    recent = _judged(_with_blocks(256, 1024), Status.PASS, 300_000, 2.0)
+    for ind in [best, *failed, recent]:
+        search.record([ind])
+        search.taken.append(ind)
+    assert [i.id for i in search.pool()] == [best.id, recent.id]
+    # As runs were made before the rule: the latest items, failed or not, fill the pool.
+    old = _search(population=4, hall_of_fame=1, niches=0, passed_parents=False)
+    for ind in [best, *failed, recent]:
+        old.record([ind])
+        old.taken.append(ind)
+    assert [i.id for i in old.pool()] == [best.id, *(i.id for i in failed), recent.id]
+
+
+def test_a_tweak_moves_one_edit_to_its_nearest_other_value():
+    from evolve.variation import tweak_edit
+
+    edits = [Edit("block_sizes", {"tunable": "BLOCK_Q", "value": 1024}),
+             Edit("block_sizes", {"tunable": "BLOCK_KV", "value": 1024}),
+             Edit("causal_skip", {}), Edit("diagonal_strips", {"strip": 256}), Edit("exp2_softmax", {})]
+    parent = Individual(replay(SEED.source, edits, TASK).source, edits=[e.to_dict() for e in edits])
+    moved = {}
+    for seed in range(24):
+        child = tweak_edit(parent, SEED.source, TASK, random.Random(seed), 1)
+        assert child.operator == "tweak" and child.parent_ids == (parent.id,)
+        assert child.source == replay(SEED.source, child.edits, TASK).source
+        changed = [(a, b) for a, b in zip(parent.edits, child.edits) if a != b]
+        assert len(changed) == 1 and len(child.edits) == len(parent.edits)   # one edit, in its place
+        (before, after), = changed
+        moved.setdefault(json.dumps(before, sort_keys=True), set()).add(json.dumps(after["params"], sort_keys=True))
+    # Only edits with parameters move, each to a neighbour: one step of log2 either way, the same tunable.
+    assert {json.loads(k)["op"] for k in moved} == {"block_sizes", "diagonal_strips"}
+    strips = moved[json.dumps(edits[3].to_dict(), sort_keys=True)]
+    assert strips == {'{"strip": 128}', '{"strip": 512}'}
+    q = moved[json.dumps(edits[0].to_dict(), sort_keys=True)]
+    assert q <= {'{"tunable": "BLOCK_Q", "value": 512}', '{"tunable": "BLOCK_Q", "value": 2048}'} and q
+    # Nothing to move: no child.
+    plain = Individual(replay(SEED.source, [Edit("causal_skip", {})], TASK).source, edits=[{"op": "causal_skip", "params": {}}])
+    assert tweak_edit(plain, SEED.source, TASK, random.Random(0), 1) is None
+
+
 def test_the_surrogate_sees_a_square_block_apart_from_its_sides():
     pairs = [("BLOCK_Q", "BLOCK_KV")]
     s = Surrogate(operator_names(), ["BLOCK_Q", "BLOCK_KV"], min_points=3, pairs=pairs)
@@ -310,3 +356,29 @@ def test_a_run_stored_before_stacked_shapes_resumes_as_it_was_made():
     assert RunConfig.stored(old).search.stacked == 0 and not RunConfig.stored(old).search.weighted_drop
     assert RunConfig.from_dict(old).search.stacked == SearchConfig.stacked == 4   # a new run's default
     assert RunConfig.stored(RunConfig().to_dict()) == RunConfig()
+
+
+def test_the_local_step_walks_the_champion_s_neighbours_once_each():
+    edits = [Edit("block_sizes", {"tunable": "BLOCK_Q", "value": 1024}),
+             Edit("block_sizes", {"tunable": "BLOCK_KV", "value": 1024}),
+             Edit("causal_skip", {}), Edit("diagonal_strips", {"strip": 256}), Edit("exp2_softmax", {})]
+    champion = Individual(replay(SEED.source, edits, TASK).source, edits=[e.to_dict() for e in edits])
+    search = _search(local_prob=1.0)        # every child is a neighbour of the champion while any is left
+    search.record([_judged(champion, Status.PASS, 150_000, 4.0)])
+    search.taken.append(champion)
+    bred = [search.breed_one(10 + k, 1) for k in range(12)]
+    near, after = bred[:11], bred[11]
+    moves = sorted((c.operator, json.dumps(c.params["dropped"] if c.operator == "drop" else c.params["to"],
+                                           sort_keys=True)) for c in near)
+    # Each edit dropped (the strips go with causal_skip), each parameter one step either way, once.
+    assert [m for m in moves if m[0] == "drop"] == sorted(("drop", json.dumps(e.to_dict(), sort_keys=True))
+                                                         for e in edits)
+    assert {m[1] for m in moves if m[0] == "tweak"} == {
+        '{"tunable": "BLOCK_Q", "value": 512}', '{"tunable": "BLOCK_Q", "value": 2048}',
+        '{"tunable": "BLOCK_KV", "value": 512}', '{"tunable": "BLOCK_KV", "value": 2048}',
+        '{"strip": 128}', '{"strip": 512}'}
+    assert len({c.id for c in near}) == 11 and all(c.parent_ids == (champion.id,) for c in near)
+    for c in near:
+        assert c.source == replay(SEED.source, c.edits, TASK).source
+    # The neighbourhood spent: the child is bred by the other moves.
+    assert after is not None and after.id not in {c.id for c in near} and search.near[champion.id] == []
