@@ -248,6 +248,13 @@ def test_a_child_that_failed_for_want_of_vmem_is_repaired_next():
     # Repaired at the largest limit already: nothing left to repair, the next child is bred.
     search.record([_judged(child, Status.FAIL_VMEM, None, None)])
     assert search.repair(1) is None
+    # Over the chip's VMEM itself (not the scoped limit): no limit lifts it, so no repair is judged.
+    over = _judged(_with_blocks(2048, 1024), Status.FAIL_VMEM, None, None)
+    over.result = EvalResult(Status.FAIL_VMEM, error="RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out "
+                             "of memory in memory space vmem. Used 141.12M of 128.00M vmem. Exceeded vmem capacity "
+                             "by 13.12M.")
+    search.record([over])
+    assert search.repair(1) is None
 
 
 def test_the_pool_keeps_the_best_of_other_block_shapes_alive():
