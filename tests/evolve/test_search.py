@@ -313,7 +313,8 @@ def test_a_tweak_moves_one_edit_to_its_nearest_other_value():
     q = moved[json.dumps(edits[0].to_dict(), sort_keys=True)]
     assert q <= {'{"tunable": "BLOCK_Q", "value": 512}', '{"tunable": "BLOCK_Q", "value": 2048}'} and q
     # Nothing to move: no child.
-    plain = Individual(replay(SEED.source, [Edit("causal_skip", {})], TASK).source, edits=[{"op": "causal_skip", "params": {}}])
+    plain = Individual(replay(SEED.source, [Edit("causal_skip", {})], TASK).source,
+                       edits=[{"op": "causal_skip", "params": {}}])
     assert tweak_edit(plain, SEED.source, TASK, random.Random(0), 1) is None
 
 
