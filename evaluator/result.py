@@ -122,6 +122,18 @@ class EvalResult:
     def ok(self) -> bool:
         return self.status.ok
 
+    @property
+    def merit(self) -> float:
+        """What a search ranks kernels by: the speedup over the task's reference; where the judge
+        has no figure for the reference (its XLA program could not be compiled here), the speed in
+        1/µs, which ranks the same way under one judge. 0.0 for a kernel that did not pass."""
+        m = self.metrics
+        if not self.ok:
+            return 0.0
+        if m.speedup_vs_reference:
+            return m.speedup_vs_reference
+        return 1e-6 / m.latency_s if m.latency_s else 0.0
+
     def to_dict(self) -> dict[str, Any]:
         """A flat JSON-able dict (metrics and provenance merged in)."""
         out: dict[str, Any] = {"status": self.status.value, "error": self.error,

@@ -51,7 +51,7 @@ GRID_PRUNE = 1.25      # grid kernels estimated over this x the best so far end 
 
 def _best(entries: list[Entry]) -> Entry | None:
     passed = [e for e in entries if e.result is not None and e.result.ok]
-    return max(passed, key=lambda e: e.result.metrics.speedup_vs_reference or 0.0, default=None)
+    return max(passed, key=lambda e: e.result.merit, default=None)
 
 
 def _prerequisite(op, seed_source: str, task) -> tuple[Edit, str] | None:
@@ -142,10 +142,10 @@ def drop_what_does_not_pay(executor: Executor, judge: Judge, seed_source: str, t
             break
         results = executor.judge_all(judge, task, [v.source for _, v in variants])
         faster = [(edit, dataclasses.replace(v, result=r)) for (edit, v), r in zip(variants, results)
-                  if r.ok and (r.metrics.speedup_vs_reference or 0) > (best.result.metrics.speedup_vs_reference or 0)]
+                  if r.ok and r.merit > best.result.merit]
         if not faster:
             break
-        edit, best = max(faster, key=lambda c: c[1].result.metrics.speedup_vs_reference)
+        edit, best = max(faster, key=lambda c: c[1].result.merit)
         dropped.append(edit.op)
     return best, dropped
 
@@ -223,7 +223,8 @@ def format_ablation(rows: list[Entry], task, judge: Judge) -> str:
         m = r.metrics
         edits = "; ".join(f"{x.op}({', '.join(f'{k}={v}' for k, v in x.params.items())})" for x in e.edits)
         if m.latency_s:
-            figures = (f"{m.latency_s * 1e6:.1f} | {m.speedup_vs_reference:.3f}x | "
+            vs_ref = f"{m.speedup_vs_reference:.3f}x" if m.speedup_vs_reference else "-"
+            figures = (f"{m.latency_s * 1e6:.1f} | {vs_ref} | "
                        f"{(seed / m.latency_s if seed else float('nan')):.2f}x")
         else:
             figures = "- | - | -"

@@ -52,7 +52,7 @@ def _report(run, champion) -> None:
     seed = chain[0] if chain else None
     m = champion.result.metrics
     one_chip = " on 1 chip" if getattr(run.task, "chips", 1) > 1 else ""
-    rows = [(f"reference (XLA{one_chip})", m.reference_latency_s, 1.0)]
+    rows = [(f"reference (XLA{one_chip})", m.reference_latency_s, 1.0)] if m.reference_latency_s else []
     if seed is not None and seed.get("latency_s"):
         rows.append(("seed", seed["latency_s"], seed["speedup_vs_reference"]))
     rows.append((f"champion {champion.id}", m.latency_s, m.speedup_vs_reference))
@@ -65,7 +65,10 @@ def _report(run, champion) -> None:
     for name, lat, sp in rows:
         vs_seed = (f"{seed['latency_s'] / lat:.2f}x" if seed is not None and seed.get("latency_s") and lat
                    else "-")
-        print(f"{name:<28} {lat * 1e6 if lat else float('nan'):>14.1f} {sp:>12.3f}x {vs_seed:>9}")
+        vs_ref = f"{sp:.3f}x" if sp else "-"
+        print(f"{name:<28} {lat * 1e6 if lat else float('nan'):>14.1f} {vs_ref:>13} {vs_seed:>9}")
+    if not m.reference_latency_s:
+        print(f"no speedup over the XLA reference: {champion.result.error or 'the judge has no figure for it'}")
     for name, peer in run.peers.items():
         if peer.ok and peer.metrics.latency_s and m.latency_s:
             ratio = peer.metrics.latency_s / m.latency_s

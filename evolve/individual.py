@@ -39,5 +39,10 @@ class Individual:
     def speedup(self) -> float | None:
         return self.result.metrics.speedup_vs_reference if self.passed else None
 
+    @property
+    def merit(self) -> float:
+        """What the search ranks by (``EvalResult.merit``); 0.0 before judging or on a failure."""
+        return self.result.merit if self.passed else 0.0
+
     def __repr__(self) -> str:
         return f"Individual({self.id}, op={self.operator}, fitness={self.fitness.values})"

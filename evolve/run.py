@@ -139,7 +139,7 @@ class EvolutionRun:
     def record(self, ind: Individual, outcome: tuple[EvalResult, bool, dict]) -> None:
         result, fresh, row = outcome
         ind.result = result
-        ind.fitness.values = (result.metrics.speedup_vs_reference or 0.0,) if result.ok else (0.0,)
+        ind.fitness.values = (ind.merit,)
         self.sources[ind.id] = ind.source
         if fresh:
             parent = self.sources.get(ind.parent_ids[0]) if ind.parent_ids else None

@@ -69,7 +69,7 @@ def beats(challenger: Individual, champion: Individual | None) -> bool:
     a, b = challenger.result.metrics, champion.result.metrics
     if a.latency_ci_s and b.latency_ci_s:
         return a.latency_ci_s[1] < b.latency_ci_s[0]
-    return (challenger.speedup or 0.0) > (champion.speedup or 0.0)
+    return challenger.merit > champion.merit
 
 
 def search_operators(chip: str) -> list:
@@ -163,11 +163,11 @@ class Search:
             if ind.result.ok or ind.result.status.value == "PRUNED":
                 self.surrogate.add(ind.id, ind.source, ind.edits, m.estimated_cycles)
             if ind.passed:
-                self.speedups[ind.id] = ind.speedup or 0.0
+                self.speedups[ind.id] = ind.merit
             if ind.operator in ("seed", "crossover", "drop") or not ind.parent_ids:
                 continue
             parent = self.speedups.get(ind.parent_ids[0])
-            won = ind.passed and parent is not None and (ind.speedup or 0.0) > parent
+            won = ind.passed and parent is not None and ind.merit > parent
             # A tweak is credited to the operator whose parameter it moved.
             ops = [ind.params["edit"]["op"]] if ind.operator == "tweak" else ind.operator.split("+")
             for op in ops:
@@ -192,9 +192,9 @@ class Search:
         for ind in self.taken:
             if ind.passed:
                 cell = self.cell(ind)
-                if cell not in best or (ind.speedup or 0.0) > (best[cell].speedup or 0.0):
+                if cell not in best or ind.merit > best[cell].merit:
                     best[cell] = ind
-        return sorted(best.values(), key=lambda ind: -(ind.speedup or 0.0))
+        return sorted(best.values(), key=lambda ind: -ind.merit)
 
     def cell(self, ind: Individual) -> tuple:
         if ind.id not in self.cells:
