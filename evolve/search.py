@@ -40,7 +40,8 @@ from deap import base, tools
 from evolve.config import RunConfig
 from evolve.individual import Individual
 from evolve.surrogate import Surrogate
-from evolve.variation import block_shapes, crossover, drop_edit, dropped, knobs, mutate, nearest, tweak_edit, tweaked
+from evolve.variation import (block_shapes, crossover, drop_chance, drop_edit, dropped, knobs, mutate, nearest,
+                              tweak_chance, tweak_edit, tweaked)
 from mutations import all_operators, block_values, read_tunables
 
 
@@ -279,8 +280,8 @@ class Search:
                                      + [("tweak", i, None) for i in knobs(champion)])
         weights = self.weights() or {}
         while moves:
-            chance = [max(1.0 - weights.get(champion.edits[i]["op"], 0.5) if kind == "drop"
-                          else weights.get(champion.edits[i]["op"], 0.5), 1e-6) for kind, i, _ in moves]
+            chance = [(drop_chance if kind == "drop" else tweak_chance)(champion.edits[i]["op"], weights)
+                      for kind, i, _ in moves]
             kind, i, params = moves.pop(rng.choices(range(len(moves)), weights=chance, k=1)[0])
             if kind == "tweak" and params is None:     # its nearest values, each a move of its own
                 moves += [("tweak", i, p) for p in nearest(champion, i, self.seed_source, self.task, rng)]

@@ -159,6 +159,17 @@ def block_shapes(seed: Individual, task: Any, rng: random.Random, count: int, ge
     return children
 
 
+def drop_chance(op: str, weights: dict[str, float] | None) -> float:
+    """How likely an edit of ``op`` is to be undone: by how seldom its operator has paid
+    (``weights``: what has paid so far, 0.5 where unknown)."""
+    return max(1.0 - (weights or {}).get(op, 0.5), 1e-6)
+
+
+def tweak_chance(op: str, weights: dict[str, float] | None) -> float:
+    """How likely an edit of ``op`` is to have its parameter moved: by how often its operator has paid."""
+    return max((weights or {}).get(op, 0.5), 1e-6)
+
+
 def drop_edit(parent: Individual, seed_source: str, task: Any, rng: random.Random,
               generation: int, weights: dict[str, float] | None = None) -> Individual | None:
     """The parent's history without one of its edits, replayed on the seed; edits that no longer
@@ -168,7 +179,7 @@ def drop_edit(parent: Individual, seed_source: str, task: Any, rng: random.Rando
     paid (1 - ``weights``, what has paid so far; uniform without them)."""
     if not parent.edits:
         return None
-    chance = [max(1.0 - (weights or {}).get(e["op"], 0.5), 1e-6) for e in parent.edits]
+    chance = [drop_chance(e["op"], weights) for e in parent.edits]
     gone = rng.choices(range(len(parent.edits)), weights=chance, k=1)[0] if weights else \
         rng.randrange(len(parent.edits))
     return dropped(parent, gone, seed_source, task, generation)
@@ -266,7 +277,7 @@ def tweak_edit(parent: Individual, seed_source: str, task: Any, rng: random.Rand
     edit is drawn by how often its operator has paid (``weights``; uniform without them): a knob
     that has never changed a figure (a VMEM limit the kernel does not need) is seldom moved."""
     left = knobs(parent)
-    chance = [max((weights or {}).get(parent.edits[i]["op"], 0.5), 1e-6) for i in left]
+    chance = [tweak_chance(parent.edits[i]["op"], weights) for i in left]
     order = []
     while left:                       # drawn without replacement, by weight
         k = rng.choices(range(len(left)), weights=chance, k=1)[0]
