@@ -46,12 +46,13 @@ class Progress:
         self.generation = 0
         self.lock = threading.Lock()
 
-    def update(self, *, judged: bool, speedup: float | None) -> None:
+    def update(self, *, judged: bool, result=None) -> None:
+        """One more evaluation; ``result`` its verdict (the best by ``EvalResult.merit`` is shown)."""
         with self.lock:
             self.done += 1
             self.judged += int(judged)
-            if speedup is not None and (self.best is None or speedup > self.best):
-                self.best = speedup
+            if result is not None and result.merit > 0 and (self.best is None or result.merit > self.best.merit):
+                self.best = result
             self.show()
 
     def show(self, final: bool = False) -> None:
@@ -59,9 +60,12 @@ class Progress:
         rate = elapsed / self.done if self.done else None
         left = max(self.total - self.done, 0)
         eta = f"~{rate * left / 60:.1f} min left" if rate and not final else f"{elapsed / 60:.1f} min"
-        best = f"{self.best:.3f}x" if self.best is not None else "-"
+        m = self.best.metrics if self.best is not None else None
+        best = ("best speedup -" if m is None else f"best speedup {m.speedup_vs_reference:.3f}x"
+                if m.speedup_vs_reference else f"best {m.estimated_cycles or 0:,} cycles" if m.estimated_cycles
+                else f"best {m.latency_s * 1e6:.1f} us")
         line = (f"gen {self.generation} | evaluations {self.done}/{self.total} "
-                f"({self.judged} judged, {self.done - self.judged} from archive) | best speedup {best} | {eta}")
+                f"({self.judged} judged, {self.done - self.judged} from archive) | {best} | {eta}")
         end = "\n" if final or not self.tty else ""
         print(("\r" if self.tty else "") + line + end, file=self.stream, end="", flush=True)
 
@@ -133,7 +137,7 @@ class EvolutionRun:
         if fresh:
             self.in_run.add(ind.id)
             self.archive.append([row])
-        self.progress.update(judged=judged, speedup=result.metrics.speedup_vs_reference if result.ok else None)
+        self.progress.update(judged=judged, result=result)
         return result, fresh, row
 
     def record(self, ind: Individual, outcome: tuple[EvalResult, bool, dict]) -> None:

@@ -388,3 +388,30 @@ def test_a_person_walks_from_the_champion_to_the_seed_by_clicking_links_in_the_u
             client.search_runs([parent.info.experiment_id], filter_string=f"tags.`pallas_evolve.run_id` = '{run_id}'")
             if "individual_id" in r.data.tags}
     assert [runs[v] for v in visited] == [r["individual_id"] for r in reversed(lineage)]
+
+
+def test_progress_shows_the_best_by_merit_and_cycles_when_there_is_no_reference_figure():
+    import io
+
+    from evaluator.result import EvalResult, Metrics, Status
+    from evolve.run import Progress
+
+    def verdict(status, latency_s, cycles, speedup=None):
+        return EvalResult(status, metrics=Metrics(latency_s=latency_s, estimated_cycles=cycles,
+                                                  speedup_vs_reference=speedup))
+
+    out = io.StringIO()
+    progress = Progress(4, stream=out)
+    progress.update(judged=True, result=verdict(Status.PASS, 2e-3, 3_000_000))
+    progress.update(judged=True, result=verdict(Status.FAIL_CORRECTNESS, 1e-4, 150_000))   # fast, wrong
+    progress.update(judged=True, result=verdict(Status.PASS, 1e-3, 1_500_000))
+    progress.update(judged=False, result=verdict(Status.PASS, 1.5e-3, 2_250_000))
+    lines = out.getvalue().splitlines()
+    assert "best 3,000,000 cycles" in lines[0] and "best 3,000,000 cycles" in lines[1]
+    assert "best 1,500,000 cycles" in lines[2] and "best 1,500,000 cycles" in lines[3]
+
+    out = io.StringIO()
+    progress = Progress(2, stream=out)
+    progress.update(judged=True, result=verdict(Status.PASS, 2e-3, 3_000_000, speedup=1.5))
+    progress.update(judged=True, result=verdict(Status.PASS, 1e-3, 1_500_000, speedup=3.0))
+    assert "best speedup 3.000x" in out.getvalue().splitlines()[-1]
