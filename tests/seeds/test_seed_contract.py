@@ -185,12 +185,3 @@ def test_every_operator_answers_a_seed_it_was_not_written_for_as_a_value(op):
     else:
         assert result.status == "not_applicable", (result.status, result.reason)
         assert "Error" not in result.reason, result.reason
-
-
-def test_flash_attention_declares_blocks_up_to_4096_and_no_larger():
-    from seeds.flash_attention.task import AttentionTask
-
-    assert AttentionTask(batch=1, heads=1, seq_len=2048, head_dim=128).legal_values("BLOCK_Q")[-1] == 2048
-    assert AttentionTask(batch=1, heads=1, seq_len=4096, head_dim=128).legal_values("BLOCK_KV")[-1] == 4096
-    assert AttentionTask(batch=1, heads=1, seq_len=8192, head_dim=128).legal_values("BLOCK_Q")[-1] == 4096
-    assert 3072 not in AttentionTask(batch=1, heads=1, seq_len=8192, head_dim=128).legal_values("BLOCK_Q")
