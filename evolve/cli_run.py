@@ -65,7 +65,7 @@ def _report(run, champion) -> None:
     for name, lat, sp in rows:
         vs_seed = (f"{seed['latency_s'] / lat:.2f}x" if seed is not None and seed.get("latency_s") and lat
                    else "-")
-        vs_ref = f"{sp:.3f}x" if sp else "-"
+        vs_ref = f"{sp:.3f}x" if sp and sp == sp else "-"      # None, or NaN from the archive
         print(f"{name:<28} {lat * 1e6 if lat else float('nan'):>14.1f} {vs_ref:>13} {vs_seed:>9}")
     if not m.reference_latency_s:
         print(f"no speedup over the XLA reference: {champion.result.error or 'the judge has no figure for it'}")
