@@ -8,7 +8,7 @@ import argparse
 import sys
 
 from evolve.cli_common import Command, add_executor_arguments, print_json
-from evolve.cli_store import archive_at, champion_chain, champion_line, lineage_json, run_meta
+from evolve.cli_store import archive_at, champion_chain, champion_line, lineage_json, number, run_meta
 from evolve.errors import UsageError
 
 
@@ -50,11 +50,12 @@ def _report(run, champion) -> None:
         return
     chain = lineage_rows(run.archive, run.run_id, champion.id)
     seed = chain[0] if chain else None
+    seed_latency = number(seed.get("latency_s")) if seed is not None else None    # None: the seed failed
     m = champion.result.metrics
     one_chip = " on 1 chip" if getattr(run.task, "chips", 1) > 1 else ""
     rows = [(f"reference (XLA{one_chip})", m.reference_latency_s, 1.0)] if m.reference_latency_s else []
-    if seed is not None and seed.get("latency_s"):
-        rows.append(("seed", seed["latency_s"], seed["speedup_vs_reference"]))
+    if seed_latency:
+        rows.append(("seed", seed_latency, number(seed.get("speedup_vs_reference"))))
     rows.append((f"champion {champion.id}", m.latency_s, m.speedup_vs_reference))
     for name, peer in run.peers.items():
         if peer.ok:
@@ -63,10 +64,11 @@ def _report(run, champion) -> None:
             print(f"peer {name}: {peer.status.value}: {peer.error}")
     print(f"{'kernel':<28} {'latency (us)':>14} {'vs reference':>13} {'vs seed':>9}")
     for name, lat, sp in rows:
-        vs_seed = (f"{seed['latency_s'] / lat:.2f}x" if seed is not None and seed.get("latency_s") and lat
-                   else "-")
-        vs_ref = f"{sp:.3f}x" if sp and sp == sp else "-"      # None, or NaN from the archive
+        vs_seed = f"{seed_latency / lat:.2f}x" if seed_latency and lat else "-"
+        vs_ref = f"{sp:.3f}x" if sp else "-"
         print(f"{name:<28} {lat * 1e6 if lat else float('nan'):>14.1f} {vs_ref:>13} {vs_seed:>9}")
+    if seed is not None and not seed_latency:
+        print(f"the seed itself did not pass ({seed.get('status')}); 'vs seed' is not given")
     if not m.reference_latency_s:
         print(f"no speedup over the XLA reference: {champion.result.error or 'the judge has no figure for it'}")
     for name, peer in run.peers.items():
