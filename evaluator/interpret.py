@@ -20,6 +20,18 @@ kernel is discharged and evaluated exactly as Pallas does it (its own ``kernel_t
 block index maps, NaN-filled uninitialised buffers, padding of ragged blocks), so a kernel
 computes the same values, bit for bit (``tests/evaluator/test_interpret.py`` holds it to that on every seed).
 
+**The TPU's pipeline, not the interpreter's arrays.** Pallas' loop carries whole arrays, so a
+kernel that leaves an output block and comes back to it later reads what it wrote there, and an
+input block it wrote and revisits keeps its writes. A TPU does neither: an output block is written
+back to HBM when its index changes and the next visit starts in a buffer that holds something
+else (JAX's documentation of output revisiting: undefined), and an input block is fetched afresh
+from HBM when its index changes (what the kernel wrote to its buffer is gone). So here, for every
+operand the pipeline moves (a block in VMEM or SMEM; not one left in HBM, ``memory_space=ANY``,
+which the kernel's own DMAs move), a step whose block index differs from the step before (and the
+first step) hands the kernel an output block filled with Pallas' uninitialised value (NaN for
+floats) and a written input block fresh from the input array. A kernel that revisits its blocks
+consecutively, as JAX's own kernels do, computes exactly what it did before.
+
 :func:`installed` swaps it in for Pallas' own while the trusted runner exports its CPU program. It
 patches one private function of the pinned jax (``hlo_interpreter.pallas_call_hlo_interpret``)
 and checks that the function is there, so that a jax that moved it fails loudly, not slowly; and
@@ -91,6 +103,9 @@ def grid_loop(*args, jaxpr, debug, input_output_aliases, grid_mapping, mesh, com
     n_in = len(operands) - len(outs)
     first = len(scalars)
     written = _written(kernel, first, n_in) + [True] * len(outs)
+    # Operands the TPU pipeline moves block by block: a revisit after another index starts afresh.
+    fresh = {k: ("input" if k < n_in else "output") for k in range(len(operands))
+             if written[k] and _pipelined(mappings[k])}
     carried = [k for k in range(len(operands)) if written[k]]       # outputs and written inputs
     fixed = {k: operands[k] for k in range(len(operands)) if not written[k]}
     steps = functools.reduce(lambda a, b: a * b, grid, 1) if grid else 1
@@ -100,7 +115,7 @@ def grid_loop(*args, jaxpr, debug, input_output_aliases, grid_mapping, mesh, com
     keep_scalars = any(_written(kernel, 0, len(scalars)))
 
     def body(state):
-        i, index, counts, *rest = state
+        i, index, counts, last, *rest = state
         if keep_scalars:
             scalars_now, rest = rest[:len(scalars)], rest[len(scalars):]
         else:
@@ -118,6 +133,12 @@ def grid_loop(*args, jaxpr, debug, input_output_aliases, grid_mapping, mesh, com
                     s.aval = jcore.typeof(s).update(dtype=jnp.int32)
             starts = [bm.compute_start_indices_interpret(index, *scalars_now) for bm in mappings]
         blocks = [hlo._dynamic_slice(starts[k], shapes[k], arrays[k], squeezed[k]) for k in range(len(operands))]
+        for k, kind in fresh.items():        # a new block index: the TPU's buffer, not the array
+            moved = (i == 0) | jnp.any(jnp.stack([jnp.asarray(a, jnp.int32) for a in starts[k]]) != last[k])
+            new = hlo._dynamic_slice(starts[k], shapes[k], operands[k], squeezed[k]) if kind == "input" \
+                else primitives.uninitialized_value(blocks[k].shape, blocks[k].dtype)
+            blocks[k] = jnp.where(moved, new, blocks[k])
+        last = {k: jnp.stack([jnp.asarray(a, jnp.int32) for a in starts[k]]) for k in fresh}
         with pallas_core.grid_env(env):
             if counter is None:
                 result = jcore.eval_jaxpr(kernel, kernel_consts, *scalars_now, *blocks, *held_scratch)
@@ -130,12 +151,13 @@ def grid_loop(*args, jaxpr, debug, input_output_aliases, grid_mapping, mesh, com
         new_held = [hlo._dynamic_update_slice(starts[k], shapes[k], arrays[k], new_blocks[k], squeezed[k])
                     for k in carried]
         kept = list(result[:first]) if keep_scalars else []
-        return (i + 1, hlo._get_next_indices(grid, index), counts, *kept, *new_held, *new_scratch)
+        return (i + 1, hlo._get_next_indices(grid, index), counts, last, *kept, *new_held, *new_scratch)
 
     zero = counter.zeros() if counter is not None else jnp.zeros((0,), jnp.int32)
-    start = (jnp.int32(0), (jnp.int32(0),) * len(grid), zero, *(scalars if keep_scalars else ()),
+    last = {k: jnp.zeros((len(shapes[k]),), jnp.int32) for k in fresh}
+    start = (jnp.int32(0), (jnp.int32(0),) * len(grid), zero, last, *(scalars if keep_scalars else ()),
              *[operands[k] for k in carried], *scratch)
-    _, _, counts, *final = lax.while_loop(lambda state: state[0] < steps, body, start)
+    _, _, counts, _, *final = lax.while_loop(lambda state: state[0] < steps, body, start)
     final = final[len(scalars):] if keep_scalars else final
     final_outs = final[len(carried) - len(outs):len(carried)]
     result = []
@@ -150,6 +172,13 @@ def grid_loop(*args, jaxpr, debug, input_output_aliases, grid_mapping, mesh, com
     if counter is not None:
         return result, found, counts, copies
     return result
+
+
+def _pipelined(bm) -> bool:
+    """Whether the TPU pipeline moves this operand block by block (in VMEM or SMEM), rather than
+    leaving it in HBM for the kernel's own DMAs (``memory_space=ANY``/HBM) or the host."""
+    space = getattr(bm.transformed_block_aval, "memory_space", None)
+    return str(space).lower() not in ("any", "hbm", "host", "semaphore_mem", "memoryspace.any")
 
 
 @contextlib.contextmanager

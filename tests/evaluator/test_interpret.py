@@ -177,3 +177,63 @@ def test_a_value_written_to_scalar_prefetch_reaches_the_next_grid_step():
     theirs, ours = both(fn, jnp.zeros((1,), jnp.int32), x)
     assert np.asarray(ours[0])[::8, 0].tolist() == [0.0, 1.0, 2.0, 3.0]
     assert np.asarray(theirs[0])[::8, 0].tolist() == [0.0, 0.0, 0.0, 0.0]
+
+
+def _accumulates(x_ref, o_ref):
+    @pl.when(pl.program_id(0) == 0)
+    def _():
+        o_ref[...] = jnp.zeros(o_ref.shape, o_ref.dtype)
+
+    o_ref[...] += x_ref[...]
+
+
+def _revisits(x, *, consecutive: bool):
+    """Sums the two row blocks of ``x`` into one output per column block, the reduction axis outer
+    (each output block left and come back to: non-consecutive) or inner (consecutive)."""
+    if consecutive:
+        grid, spec_in, spec_out = (2, 2), lambda j, i: (i, j), lambda j, i: (0, j)
+        kernel = _accumulates_inner
+    else:
+        grid, spec_in, spec_out = (2, 2), lambda i, j: (i, j), lambda i, j: (0, j)
+        kernel = _accumulates
+    return pl.pallas_call(kernel, grid=grid, in_specs=[pl.BlockSpec((8, 128), spec_in)],
+                          out_specs=pl.BlockSpec((8, 128), spec_out),
+                          out_shape=jax.ShapeDtypeStruct((8, 256), x.dtype))(x)
+
+
+def _accumulates_inner(x_ref, o_ref):
+    @pl.when(pl.program_id(1) == 0)
+    def _():
+        o_ref[...] = jnp.zeros(o_ref.shape, o_ref.dtype)
+
+    o_ref[...] += x_ref[...]
+
+
+def test_an_output_block_revisited_after_another_starts_from_an_uninitialised_buffer():
+    """On a TPU an output block is written back when its index changes; the next visit's buffer
+    holds something else. Pallas' loop carries the whole output, so a kernel that keeps state in
+    an output block it leaves and comes back to is right there and wrong on the chip; ours hands
+    the revisit a NaN-filled block. Revisited consecutively (the reduction innermost, as JAX's
+    kernels do), both loops give the same bits."""
+    x = jnp.asarray(np.random.default_rng(1).standard_normal((16, 256)), jnp.float32)
+    want = np.asarray(x[:8] + x[8:])
+    theirs, ours = both(lambda x: _revisits(x, consecutive=False), x)
+    assert np.allclose(np.asarray(theirs[0]), want)
+    assert np.isnan(np.asarray(ours[0])).all()
+    theirs, ours = both(lambda x: _revisits(x, consecutive=True), x)
+    assert_same(theirs, ours)
+    assert np.allclose(np.asarray(ours[0]), want)
+
+
+def test_an_input_block_written_then_revisited_after_another_is_fetched_afresh():
+    """An input block's writes live in its VMEM buffer only: when its index changes and comes back,
+    the TPU fetches it from HBM again. Pallas' loop writes it into the carried array instead."""
+    def fn(x):
+        return pl.pallas_call(_writes_its_input, grid=(2, 2), in_specs=[pl.BlockSpec((8, 128), lambda i, j: (0, j))],
+                              out_specs=pl.BlockSpec((8, 128), lambda i, j: (i, j)),
+                              out_shape=jax.ShapeDtypeStruct((16, 256), x.dtype))(x)
+
+    x = jnp.zeros((8, 256), jnp.float32)
+    theirs, ours = both(fn, x)
+    assert np.asarray(theirs[0])[8:].tolist() == np.full((8, 256), 2.0).tolist()   # it saw its own write
+    assert np.asarray(ours[0]).tolist() == np.full((16, 256), 1.0).tolist()        # fresh from HBM each time
