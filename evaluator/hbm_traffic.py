@@ -13,7 +13,15 @@ every operand its window (``window_bounds``) and index map (``transform_indices`
 walked in the order the TPU pipeline runs it (last axis fastest, one TensorCore); an input block is
 fetched when its block index changes from the previous step, an output block written back when it
 changes at the next step or at the last step (the Pallas TPU pipeline's rule; blocks at an array's
-edge are clipped).
+edge are clipped; an output declared ``RevisitMode.ANY`` is also read back when the walk returns to
+a block it wrote).
+
+Index maps are evaluated as the chip evaluates them: every ``arith`` op wraps to its type's width
+(int32 index arithmetic that overflows wraps, as it does on the chip and in the interpreter),
+unsigned ops and compares read their operands as unsigned, truncations truncate and extensions
+extend by their kind. Element windows (``pl.Element``: the map gives element offsets into the
+padded array) are modelled; any other window kind is refused by name. A block index out of range is
+clamped, as the interpreter's slice clamps it: a block is never free.
 
 Index maps that read scalar-prefetch operands (e.g. a block index clamped to a sequence's length)
 are evaluated on the real values of the judge's timing input when the operand is an argument of
@@ -30,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Callable
 
 import numpy as np
@@ -175,7 +184,10 @@ def _kernel_bytes(module, operands, results, input_value) -> tuple[int, list[str
         bounds = [int(b) for b in ir.DenseI64ArrayAttr(window["window_bounds"])] \
             if "window_bounds" in window else list(shape)
         fn = funcs.get(ir.FlatSymbolRefAttr(window["transform_indices"]).value)
-        block_bytes = _clipper(shape, bounds, itemsize)
+        element, unknown = _window_kind(window, len(bounds))
+        if unknown:
+            return 0, [f"{kind} {i}: {unknown}, a window the model does not know: not modelled"], True
+        block_bytes = _clipper(shape, bounds, itemsize, element)
         if fn is None or steps > MAX_STEPS:
             notes.append(f"{kind} {i}: index map not walked; counted as a fetch at every step (upper bound)")
             total += steps * block_bytes(None)
@@ -185,8 +197,25 @@ def _kernel_bytes(module, operands, results, input_value) -> tuple[int, list[str
             notes.append(f"{kind} {i}: {why}; counted as a fetch at every step (upper bound)")
             total += steps * block_bytes(None)
             continue
-        total += _transfers(indices, block_bytes, output=kind == "output")
+        indices = [_clamped(index, shape, bounds, element) for index in indices]
+        revisit_any = "revisit_mode" in window and "any" in str(window["revisit_mode"])
+        total += _transfers(indices, block_bytes, output=kind == "output", revisit_any=revisit_any)
     return total, notes, blind
+
+
+def _window_kind(window, rank: int) -> tuple[tuple[tuple[int, int], ...] | None, str]:
+    """An element window's padding per dimension (``#tpu.element_window<[low...],[high...]>``),
+    None for a blocked window; and, for any other kind of window, what it is (refused by name)."""
+    if "window_kind" not in window:
+        return None, ""
+    text = str(window["window_kind"])
+    match = re.fullmatch(r"#tpu\.element_window<\[([-\d, ]*)\],\s*\[([-\d, ]*)\]>", text.strip())
+    if match is None:
+        return None, f"window kind {text}"
+    low, high = ([int(x) for x in part.split(",") if x.strip()] for part in match.groups())
+    if len(low) != rank or len(high) != rank:
+        return None, f"window kind {text} (padding of another rank)"
+    return tuple(zip(low, high)), ""
 
 
 def _gridless_bytes(funcs, operands, results) -> tuple[int, list[str], bool]:
@@ -210,27 +239,53 @@ def _gridless_bytes(funcs, operands, results) -> tuple[int, list[str], bool]:
     return total, notes, bool(notes)
 
 
-def _clipper(shape, bounds, itemsize):
+def _clipper(shape, bounds, itemsize, element: tuple[tuple[int, int], ...] | None = None):
+    """``block_bytes(index)``: the bytes the pipeline moves for one block.
+
+    ``index`` is a block index per dimension, or (an element window, ``pl.Element``: ``element``
+    holds each dimension's padding) the element offset into the padded array. An index out of
+    range is clamped as the interpreter's ``dynamic_slice`` clamps it, so a block is never free:
+    the figure is of the block the kernel was checked with. Blocks at an array's edge are clipped
+    to the array (a window over padding moves only the real elements)."""
     full = math.prod(bounds) * itemsize
 
     def block_bytes(index) -> int:
         if index is None:
             return full
         n = itemsize
-        for dim, w, j in zip(shape, bounds, index, strict=False):
-            n *= max(0, min(w, dim - j * w))
+        for d, (dim, w, j) in enumerate(zip(shape, bounds, index, strict=False)):
+            if element is not None:
+                low, high = element[d]
+                first = min(max(j, 0), max(dim + low + high - w, 0)) - low
+            else:
+                first = min(max(j, 0), max(-(-dim // w) - 1, 0)) * w
+            n *= max(0, min(first + w, dim) - max(first, 0))
         return n
 
     return block_bytes
 
 
-def _transfers(indices: list[tuple], block_bytes, *, output: bool) -> int:
-    """Bytes moved for a sequence of per-step block indices (fetch on change; write back on change)."""
-    total = 0
+def _clamped(index, shape, bounds, element) -> tuple:
+    """The block index the interpreter (and the count) uses: out-of-range indices clamped."""
+    if element is not None:
+        return tuple(min(max(j, 0), max(dim + lo + hi - w, 0))
+                     for j, dim, w, (lo, hi) in zip(index, shape, bounds, element, strict=False))
+    return tuple(min(max(j, 0), max(-(-dim // w) - 1, 0)) for j, dim, w in zip(index, shape, bounds, strict=False))
+
+
+def _transfers(indices: list[tuple], block_bytes, *, output: bool, revisit_any: bool = False) -> int:
+    """Bytes moved for a sequence of per-step block indices (fetch on change; write back on
+    change). An output whose pipeline restores revisited blocks (``RevisitMode.ANY``) also reads a
+    block back each time it returns to one it wrote before."""
+    total, seen = 0, set()
     for s, index in enumerate(indices):
         if output:
             if s == len(indices) - 1 or indices[s + 1] != index:
                 total += block_bytes(index)
+            if revisit_any and (s == 0 or indices[s - 1] != index):
+                if index in seen:
+                    total += block_bytes(index)
+                seen.add(index)
         elif s == 0 or indices[s - 1] != index:
             total += block_bytes(index)
     return total
@@ -254,22 +309,71 @@ class _Unknown(Exception):
     pass
 
 
+# ---- index arithmetic as the chip does it ---------------------------------------------------------
+# Values are Python ints held in their type's two's-complement range (an i1 as 0 or 1); every op
+# wraps its result to its width, signed ops read their operands as signed and unsigned ones as
+# unsigned, as Mosaic lowers ``arith`` (an ``index`` is 64 bits wide).
+def _wrap(v: int, width: int) -> int:
+    if width == 1:
+        return v & 1
+    v &= (1 << width) - 1
+    return v - (1 << width) if v >> (width - 1) else v
+
+
+def _unsigned(v: int, width: int) -> int:
+    return v & ((1 << width) - 1)
+
+
+def _width(value_type) -> int:
+    from jaxlib.mlir import ir
+
+    if isinstance(value_type, ir.IndexType) or str(value_type) == "index":
+        return 64
+    try:
+        return ir.IntegerType(value_type).width
+    except (ValueError, TypeError):
+        raise _Unknown(f"a value of type {value_type} in an index map") from None
+
+
+def _nonzero(b: int) -> int:
+    return b if b else _fail("division by zero")
+
+
+def _tdiv(a: int, b: int) -> int:
+    q = abs(a) // abs(_nonzero(b))
+    return q if (a < 0) == (b < 0) else -q
+
+
+def _shift(b: int, w: int) -> int:
+    return b if 0 <= b < w else _fail(f"a shift by {b} of a {w}-bit value (poison)")
+
+
+# name -> f(a, b, width) on wrapped operands; the result is wrapped to the width afterwards.
 _BINARY = {
-    "arith.addi": lambda a, b: a + b, "arith.subi": lambda a, b: a - b, "arith.muli": lambda a, b: a * b,
-    "arith.divsi": lambda a, b: int(a / b) if b else _fail("division by zero"),
-    "arith.divui": lambda a, b: a // b if b else _fail("division by zero"),
-    "arith.floordivsi": lambda a, b: a // b if b else _fail("division by zero"),
-    "arith.ceildivsi": lambda a, b: -(-a // b) if b else _fail("division by zero"),
-    "arith.remsi": lambda a, b: int(math.fmod(a, b)) if b else _fail("division by zero"),
-    "arith.remui": lambda a, b: a % b if b else _fail("division by zero"),
-    "arith.minsi": min, "arith.maxsi": max, "arith.minui": min, "arith.maxui": max,
-    "arith.andi": lambda a, b: a & b, "arith.ori": lambda a, b: a | b, "arith.xori": lambda a, b: a ^ b,
-    "arith.shli": lambda a, b: a << b, "arith.shrsi": lambda a, b: a >> b, "arith.shrui": lambda a, b: a >> b,
+    "arith.addi": lambda a, b, w: a + b, "arith.subi": lambda a, b, w: a - b, "arith.muli": lambda a, b, w: a * b,
+    "arith.divsi": lambda a, b, w: _tdiv(a, b),
+    "arith.divui": lambda a, b, w: _unsigned(a, w) // _nonzero(_unsigned(b, w)),
+    "arith.floordivsi": lambda a, b, w: a // _nonzero(b),
+    "arith.ceildivsi": lambda a, b, w: -(-a // _nonzero(b)),
+    "arith.ceildivui": lambda a, b, w: -(-_unsigned(a, w) // _nonzero(_unsigned(b, w))),
+    "arith.remsi": lambda a, b, w: a - b * _tdiv(a, b),
+    "arith.remui": lambda a, b, w: _unsigned(a, w) % _nonzero(_unsigned(b, w)),
+    "arith.minsi": lambda a, b, w: min(a, b), "arith.maxsi": lambda a, b, w: max(a, b),
+    "arith.minui": lambda a, b, w: min(a, b, key=lambda x: _unsigned(x, w)),
+    "arith.maxui": lambda a, b, w: max(a, b, key=lambda x: _unsigned(x, w)),
+    "arith.andi": lambda a, b, w: a & b, "arith.ori": lambda a, b, w: a | b, "arith.xori": lambda a, b, w: a ^ b,
+    "arith.shli": lambda a, b, w: a << _shift(_unsigned(b, w), w),
+    "arith.shrsi": lambda a, b, w: a >> _shift(_unsigned(b, w), w),
+    "arith.shrui": lambda a, b, w: _unsigned(a, w) >> _shift(_unsigned(b, w), w),
 }
-_CMP = {0: lambda a, b: a == b, 1: lambda a, b: a != b, 2: lambda a, b: a < b, 3: lambda a, b: a <= b,
-        4: lambda a, b: a > b, 5: lambda a, b: a >= b, 6: lambda a, b: a < b, 7: lambda a, b: a <= b,
-        8: lambda a, b: a > b, 9: lambda a, b: a >= b}
-_CASTS = {"arith.index_cast", "arith.index_castui", "arith.extui", "arith.extsi", "arith.trunci"}
+# arith.cmpi predicates: (compare, unsigned?)
+_CMP = {0: (lambda a, b: a == b, False), 1: (lambda a, b: a != b, False), 2: (lambda a, b: a < b, False),
+        3: (lambda a, b: a <= b, False), 4: (lambda a, b: a > b, False), 5: (lambda a, b: a >= b, False),
+        6: (lambda a, b: a < b, True), 7: (lambda a, b: a <= b, True), 8: (lambda a, b: a > b, True),
+        9: (lambda a, b: a >= b, True)}
+# Casts: zero-extending ones read their operand as unsigned; the rest sign-extend or truncate.
+_CASTS = {"arith.index_cast": False, "arith.extsi": False, "arith.trunci": False,
+          "arith.index_castui": True, "arith.extui": True}
 
 
 def _fail(why: str):
@@ -277,7 +381,8 @@ def _fail(why: str):
 
 
 def _compile(fn, n_grid: int):
-    """A Python closure evaluating an index-map function; or a string saying why it cannot."""
+    """A Python closure evaluating an index-map function as the chip would; or a string saying
+    why it cannot."""
     from jaxlib.mlir import ir
 
     block = fn.regions[0].blocks[0]
@@ -294,7 +399,7 @@ def _compile(fn, n_grid: int):
     def run(step, prefetch):
         env = {}
         for i, a in enumerate(args[:n_grid]):
-            env[a] = int(step[i])
+            env[a] = _wrap(int(step[i]), _width(a.type))
         for j, a in enumerate(args[n_grid:]):
             env[a] = prefetch[j] if j < len(prefetch) else None
         for op in ops:
@@ -310,18 +415,25 @@ def _compile(fn, n_grid: int):
                 ref, idx = vals[0], vals[1:]
                 if ref is None:
                     _fail("its index map reads a scalar-prefetch value the model does not know")
-                result = int(np.asarray(ref)[tuple(int(i) for i in idx)])
+                array = np.asarray(ref)
+                where = tuple(int(i) for i in idx)
+                if any(not 0 <= i < n for i, n in zip(where, array.shape, strict=False)):
+                    _fail(f"its index map reads scalar-prefetch element {where} of an array of shape {array.shape}")
+                result = int(array[where])
             elif any(v is None for v in vals):
                 _fail(f"{name} of an unknown value")
             elif name in _BINARY:
-                result = _BINARY[name](int(vals[0]), int(vals[1]))
+                result = _BINARY[name](vals[0], vals[1], _width(op.operands[0].type))
             elif name in _CASTS:
-                result = int(vals[0])
+                result = _unsigned(vals[0], _width(op.operands[0].type)) if _CASTS[name] else vals[0]
             elif name == "arith.cmpi":
-                result = int(_CMP[int(ir.IntegerAttr(op.attributes["predicate"]).value)](vals[0], vals[1]))
+                compare, unsigned = _CMP[int(ir.IntegerAttr(op.attributes["predicate"]).value)]
+                w = _width(op.operands[0].type)
+                a, b = (_unsigned(vals[0], w), _unsigned(vals[1], w)) if unsigned else (vals[0], vals[1])
+                result = int(compare(a, b))
             else:   # arith.select
                 result = vals[1] if vals[0] else vals[2]
-            env[op.results[0]] = result
+            env[op.results[0]] = _wrap(result, _width(op.results[0].type))
         _fail("its index map has no return")
 
     return run

@@ -30,7 +30,8 @@ operand the pipeline moves (a block in VMEM or SMEM; not one left in HBM, ``memo
 which the kernel's own DMAs move), a step whose block index differs from the step before (and the
 first step) hands the kernel an output block filled with Pallas' uninitialised value (NaN for
 floats) and a written input block fresh from the input array. A kernel that revisits its blocks
-consecutively, as JAX's own kernels do, computes exactly what it did before.
+consecutively, as JAX's own kernels do, computes exactly what it did before; so does an output
+declared ``pl.Buffered(1, revisit=pl.RevisitMode.ANY)``, whose pipeline reads a revisited block back.
 
 :func:`installed` swaps it in for Pallas' own while the trusted runner exports its CPU program. It
 patches one private function of the pinned jax (``hlo_interpreter.pallas_call_hlo_interpret``)
@@ -105,7 +106,7 @@ def grid_loop(*args, jaxpr, debug, input_output_aliases, grid_mapping, mesh, com
     written = _written(kernel, first, n_in) + [True] * len(outs)
     # Operands the TPU pipeline moves block by block: a revisit after another index starts afresh.
     fresh = {k: ("input" if k < n_in else "output") for k in range(len(operands))
-             if written[k] and _pipelined(mappings[k])}
+             if written[k] and _pipelined(mappings[k]) and not (k >= n_in and _restored(mappings[k]))}
     carried = [k for k in range(len(operands)) if written[k]]       # outputs and written inputs
     fixed = {k: operands[k] for k in range(len(operands)) if not written[k]}
     steps = functools.reduce(lambda a, b: a * b, grid, 1) if grid else 1
@@ -179,6 +180,12 @@ def _pipelined(bm) -> bool:
     leaving it in HBM for the kernel's own DMAs (``memory_space=ANY``/HBM) or the host."""
     space = getattr(bm.transformed_block_aval, "memory_space", None)
     return str(space).lower() not in ("any", "hbm", "host", "semaphore_mem", "memoryspace.any")
+
+
+def _restored(bm) -> bool:
+    """An output whose pipeline restores a block it comes back to (``pl.Buffered(1,
+    revisit=pl.RevisitMode.ANY)``: extra DMAs read it back, which the HBM model counts)."""
+    return getattr(bm.pipeline_mode, "revisit", None) == pallas_core.RevisitMode.ANY
 
 
 @contextlib.contextmanager

@@ -140,3 +140,81 @@ def test_a_kernel_without_a_grid_moves_each_operand_once():
     exported = jax.export.export(jax.jit(f), platforms=["tpu"])(jax.ShapeDtypeStruct((64, 128), jnp.float32))
     traffic = program_traffic(exported)
     assert not traffic.blind and traffic.kernel_bytes == 2 * 64 * 128 * 4
+
+
+def _copy(x_ref, o_ref):
+    o_ref[...] = x_ref[...] * 2
+
+
+def _rows(index_map, *, element: bool = False, rows: int = 32, block: int = 8, grid: int = 4) -> int:
+    """Kernel bytes of a copy of ``rows`` x 128 f32 whose input is read through ``index_map``."""
+    shape = (pl.Element(block), pl.Element(128)) if element else (block, 128)
+
+    def f(x):
+        return pl.pallas_call(_copy, grid=(grid,), in_specs=[pl.BlockSpec(shape, index_map)],
+                              out_specs=pl.BlockSpec((block, 128), lambda i: (i, 0)),
+                              out_shape=jax.ShapeDtypeStruct((block * grid, 128), x.dtype))(x)
+
+    exported = jax.export.export(jax.jit(f), platforms=["tpu"])(jax.ShapeDtypeStruct((rows, 128), jnp.float32))
+    traffic = program_traffic(exported)
+    assert not traffic.blind and traffic.notes == (), traffic.notes
+    return traffic.kernel_bytes
+
+
+def test_element_windows_are_read_as_element_offsets():
+    """``pl.Element`` dims take element offsets from the index map, not block indices: the same
+    copy written with element windows moves the same bytes as with blocks (it was charged one
+    block: every offset past the first read as an out-of-range block index, 0 bytes)."""
+    plain = _rows(lambda i: (i, 0))
+    assert plain == 2 * 32 * 128 * 4
+    assert _rows(lambda i: (i * 8, 0), element=True) == plain
+    assert _rows(lambda i: (i * 4, 0), element=True) == plain       # overlapping windows: each fetched
+
+
+def test_index_arithmetic_wraps_as_int32_does_on_the_chip():
+    """An index map that adds (i + 1) * 2**32 (0 in int32, on the chip and in the interpreter)
+    reads the same blocks as the plain one; unbounded integers called them out of range."""
+    plain = _rows(lambda i: (i, 0))
+    assert _rows(lambda i: (i + (i + 1) * 65536 * 65536, 0)) == plain
+    assert _rows(lambda i: ((i + 1) * 65536 * 65536 + i * 8, 0), element=True) == plain
+
+
+def test_an_out_of_range_block_is_never_free():
+    """A block index past the array is clamped, as the interpreter's slice clamps it: the block
+    the kernel was checked with is the block counted (it was 0 bytes)."""
+    block = 8 * 128 * 4
+    out = 4 * block
+    assert _rows(lambda i: (i + 4, 0)) == out + block                 # every step the last block, fetched once
+    # indices 0, 4, 7, 11: 4, 7 and 11 are all the last block (3), fetched once after block 0
+    assert _rows(lambda i: (4 * jax.lax.rem(i, 2) + 7 * jax.lax.div(i, 2), 0)) == out + 2 * block
+    assert _rows(lambda i: (i - 8, 0)) == out + block                 # below zero: the first block
+
+
+def test_unsigned_and_truncating_ops_follow_their_types():
+    from evaluator import hbm_traffic as h
+
+    assert h._wrap(2 ** 32 + 5, 32) == 5 and h._wrap(2 ** 31, 32) == -2 ** 31 and h._wrap(3, 1) == 1
+    assert h._BINARY["arith.divui"](-1, 2, 32) == (2 ** 32 - 1) // 2          # -1 read as 2**32 - 1
+    assert h._BINARY["arith.divsi"](-7, 2, 32) == -3 and h._BINARY["arith.remsi"](-7, 2, 32) == -1
+    assert h._BINARY["arith.floordivsi"](-7, 2, 32) == -4
+    assert h._BINARY["arith.maxui"](-1, 5, 32) == -1 and h._BINARY["arith.minsi"](-1, 5, 32) == -1
+    assert h._BINARY["arith.shrui"](-8, 1, 32) == (2 ** 32 - 8) >> 1
+    less, unsigned = h._CMP[6]                                               # ult
+    assert unsigned and less(h._unsigned(5, 32), h._unsigned(-1, 32))
+    with pytest.raises(h._Unknown):
+        h._BINARY["arith.shli"](1, 40, 32)                                   # poison: refused, not guessed
+
+
+def test_an_output_that_comes_back_to_a_block_is_read_back_only_where_declared():
+    """Out blocks 0, 1, 0, 1: each change writes a block back (4). Declared
+    ``RevisitMode.ANY``, the pipeline also reads a block back when it returns to it (2 more)."""
+    def f(x, mode):
+        return pl.pallas_call(_copy, grid=(4,), in_specs=[pl.BlockSpec((8, 128), lambda i: (0, 0))],
+                              out_specs=pl.BlockSpec((8, 128), lambda i: (jax.lax.rem(i, 2), 0), pipeline_mode=mode),
+                              out_shape=jax.ShapeDtypeStruct((16, 128), x.dtype))(x)
+
+    block = 8 * 128 * 4
+    spec = jax.ShapeDtypeStruct((8, 128), jnp.float32)
+    for mode, blocks in ((None, 1 + 4), (pl.Buffered(1, revisit=pl.RevisitMode.ANY), 1 + 4 + 2)):
+        exported = jax.export.export(jax.jit(lambda x, m=mode: f(x, m)), platforms=["tpu"])(spec)
+        assert program_traffic(exported).kernel_bytes == blocks * block

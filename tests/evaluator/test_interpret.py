@@ -187,7 +187,7 @@ def _accumulates(x_ref, o_ref):
     o_ref[...] += x_ref[...]
 
 
-def _revisits(x, *, consecutive: bool):
+def _revisits(x, *, consecutive: bool, restored: bool = False):
     """Sums the two row blocks of ``x`` into one output per column block, the reduction axis outer
     (each output block left and come back to: non-consecutive) or inner (consecutive)."""
     if consecutive:
@@ -196,8 +196,9 @@ def _revisits(x, *, consecutive: bool):
     else:
         grid, spec_in, spec_out = (2, 2), lambda i, j: (i, j), lambda i, j: (0, j)
         kernel = _accumulates
+    mode = pl.Buffered(1, revisit=pl.RevisitMode.ANY) if restored else None
     return pl.pallas_call(kernel, grid=grid, in_specs=[pl.BlockSpec((8, 128), spec_in)],
-                          out_specs=pl.BlockSpec((8, 128), spec_out),
+                          out_specs=pl.BlockSpec((8, 128), spec_out, pipeline_mode=mode),
                           out_shape=jax.ShapeDtypeStruct((8, 256), x.dtype))(x)
 
 
@@ -221,6 +222,10 @@ def test_an_output_block_revisited_after_another_starts_from_an_uninitialised_bu
     assert np.allclose(np.asarray(theirs[0]), want)
     assert np.isnan(np.asarray(ours[0])).all()
     theirs, ours = both(lambda x: _revisits(x, consecutive=True), x)
+    assert_same(theirs, ours)
+    assert np.allclose(np.asarray(ours[0]), want)
+    # Declared revisitable (the pipeline reads the block back): right, as on the chip.
+    theirs, ours = both(lambda x: _revisits(x, consecutive=False, restored=True), x)
     assert_same(theirs, ours)
     assert np.allclose(np.asarray(ours[0]), want)
 
