@@ -5,22 +5,32 @@ way a branch on such a value goes: it guesses (some 30-40 trips, whatever the re
 README's table). The judge knows the timing input, so it counts instead:
 
 1. **Sites.** A *site* is a ``while`` whose condition, or a ``cond`` whose index, depends on what
-   the kernel reads from memory (any operand: scalar prefetch, blocks, scratch); a loop or branch on
-   ``program_id`` or constants is not one. :func:`sites` finds them by the same walk on the kernel's
-   own jaxpr (refs) and on the discharged one the interpreter runs (values), so both agree on their
-   order; if they do not, nothing is counted.
-2. **Counts.** The trusted runner checks the timing input with :func:`counting_program`: the same
+   the kernel reads from memory (any operand: scalar prefetch, blocks, scratch), or on the carry
+   of a site loop (in a variant that loop runs made-up trips, so an inner loop bounded by its
+   induction variable would be simulated on them); a loop or branch on ``program_id`` or
+   constants is not one. :func:`sites` finds them by the same walk on the kernel's own jaxpr
+   (refs) and on the discharged one the interpreter runs (values), so both agree on their order;
+   if they do not, nothing is counted.
+2. **Counts.** The trusted runner checks every input set with :func:`counting_program`: the same
    interpreted program (``interpret.grid_loop``), which also carries, per site, how often it was
-   entered and how many trips each ``while`` ran, or how often each arm of a ``cond`` was taken,
-   summed over the grid. The outputs are the kernel's, bit for bit, and are checked like any other.
-3. **Variants.** :func:`specialise` rewrites each kernel's sites into static code the estimate
+   entered, how many trips each ``while`` ran and the sum of their squares per entry (whether the
+   entries ran the same trips), or how often each arm of a ``cond`` was taken, summed over the
+   grid. The outputs are the kernel's, bit for bit, and are checked like any other.
+3. **Variants.** ``variants.retrace`` rewrites each kernel's sites into static code the estimate
    *can* count: a ``while`` into a loop of k trips (``fori_loop`` with a constant bound), a ``cond``
    into one of its arms. :func:`plan` picks the variants: the base (every loop at the floor of its
-   mean trips per entry, at least one; every branch at its most-taken arm), plus one variant per site that
-   moves it by one trip or to another arm taken on the data.
-4. **The figure** is the base's estimate plus, per site, the difference each variant makes, times
-   how far the real mean is from the base (:func:`combine`): exact where the estimate is linear in
-   a site's trips, and a loop whose trips are the same everywhere needs only the base compile.
+   mean trips per entry, at least one; every branch at its most-taken arm), plus one variant per
+   site that moves it by one trip or to another arm taken on the data, and one per set of such
+   moves on sites nested one in another (:func:`chains`).
+4. **The figure** is multilinear in the sites' means: the base's estimate plus each variant's
+   mixed difference (inclusion-exclusion over its sub-chains), times the product of its moves'
+   distances from the base (:func:`combine`). It is exact where the estimate is linear in each
+   site's trips given the sites around it; where it leans on that (a loop whose trips differ
+   between entries, or are extrapolated past the variants), the loop is also compiled at two trips
+   over its base, and a second difference over ``LINEAR_TOLERANCE`` of the first refuses the
+   figure, naming the loop (:func:`figure`). A loop whose trips are the same everywhere, at most
+   ``MAX_TRIPS``, needs only the base compile. The runner makes a figure per input set; the
+   estimate's is the slowest (``timing/compiler_estimate.py``).
 
 Variants are compiled, never run: their values are not the kernel's. Everything here runs in the
 trusted runner, on the jaxpr it rebuilt from data; the candidate never sees a count.
@@ -29,6 +39,7 @@ trusted runner, on the jaxpr it rebuilt from data; the candidate never sees a co
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from typing import Any
 
@@ -49,11 +60,17 @@ class Site:
     kind: str                  # "while" or "cond"
     arms: int = 0              # a cond's branches
     dma: bool = False          # a cond with an arm that starts a DMA it does not wait for, or the reverse
+    where: str = dataclasses.field(default="", compare=False)   # its source line, for messages
 
     @property
     def width(self) -> int:
-        """Counters it needs: a while's entries and trips, or a cond's count per arm."""
-        return 2 if self.kind == "while" else self.arms
+        """Counters it needs: a while's entries, trips and squared trips per entry, or a cond's
+        count per arm."""
+        return 3 if self.kind == "while" else self.arms
+
+    def named(self, kernel: int) -> str:
+        what = "loop" if self.kind == "while" else "branch"
+        return f"the {what} at {self.where or 'path ' + str(list(self.path))} (kernel {kernel})"
 
 
 # ---- 1. sites ---------------------------------------------------------------------------------
@@ -82,16 +99,22 @@ def _walk(jaxpr: jcore.Jaxpr, taint_in: list[bool], found: list[Site] | None, pa
                 if new == carry:
                     break
                 carry = new
+            if _walk(cond, ins[:nc] + carry, None, here)[0]:
+                # A counted loop runs a made-up number of trips in every variant: whatever its
+                # carry feeds (an inner loop bounded by its induction variable, a branch on it) is
+                # counted too, or the estimate would simulate it on the variant's trips.
+                carry = [True] * len(carry)
+                if found is not None:
+                    found.append(Site(here, "while", where=_where(eqn)))
             if found is not None:
-                if _walk(cond, ins[:nc] + carry, None, here)[0]:
-                    found.append(Site(here, "while"))
                 _walk(cond, ins[:nc] + carry, found, here + (0,))
                 _walk(body, ins[nc:nc + nb] + carry, found, here + (1,))
             outs = carry
         elif name == "cond":
             branches = [parts(b)[0] for b in eqn.params["branches"]]
             if found is not None and ins[0]:
-                found.append(Site(here, "cond", len(branches), any(_unbalanced_dma(b) for b in branches)))
+                found.append(Site(here, "cond", len(branches), any(_unbalanced_dma(b) for b in branches),
+                                  _where(eqn)))
             outs = [ins[0]] * len(eqn.outvars)
             for k, b in enumerate(branches):
                 res = _walk(b, ins[1:], found, here + (k,))
@@ -119,6 +142,15 @@ def _walk(jaxpr: jcore.Jaxpr, taint_in: list[bool], found: list[Site] | None, pa
         for v, o in zip(eqn.outvars, outs, strict=True):
             tainted[v] = o
     return [t(v) for v in jaxpr.outvars]
+
+
+def _where(eqn) -> str:
+    from jax._src import source_info_util
+
+    try:
+        return source_info_util.summarize(eqn.source_info)
+    except Exception:  # noqa: BLE001 - a name for messages only
+        return ""
 
 
 def _unbalanced_dma(jaxpr: jcore.Jaxpr) -> bool:
@@ -202,14 +234,15 @@ def _count_eqn(eqn, ins, counter: Counter, here) -> tuple[list, Any]:
             return jcore.eval_jaxpr(cond, cconsts, *cond_args, *state[0])[0]
 
         def body_f(state):
-            carry, counts = state
+            carry, counts, k = state
             out, delta = count_eval(body, bconsts, [*body_args, *carry], counter, here + (1,))
             counts = counts + delta
-            return out, counter.bump(counts, here, 1) if site else counts
+            return out, counter.bump(counts, here, 1) if site else counts, k + 1
 
         start = counter.bump(counter.zeros(), here, 0) if site else counter.zeros()
-        carry, counts = lax.while_loop(cond_f, body_f, (list(ins[nc + nb:]), start))
-        return list(carry), counts
+        carry, counts, k = lax.while_loop(lambda st: cond_f(st[:2]), body_f,
+                                          (list(ins[nc + nb:]), start, jnp.int32(0)))
+        return list(carry), counter.bump(counts, here, 2, k * k) if site else counts
     if name == "cond":
         branches = [parts(b) for b in eqn.params["branches"]]
 
@@ -242,6 +275,11 @@ def _count_eqn(eqn, ins, counter: Counter, here) -> tuple[list, Any]:
 # ---- 4. the plan and the figure -----------------------------------------------------------------
 # The most trips a variant gives a loop; a loop of more is extrapolated from this and one more.
 MAX_TRIPS = 4
+# The most variants one figure may compile (nested sites multiply them); beyond, it is refused.
+MAX_VARIANTS = 48
+# How far from linear in a loop's trips the estimate may be (its second difference against its
+# first) before the figure, which assumes it, is refused.
+LINEAR_TOLERANCE = 0.05
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,7 +288,7 @@ class SiteCount:
 
     kernel: int
     site: Site
-    counts: tuple[int, ...]    # (entries, trips) or (taken per arm)
+    counts: tuple[int, ...]    # (entries, trips, squared trips per entry) or (taken per arm)
 
     @property
     def entries(self) -> int:
@@ -260,6 +298,14 @@ class SiteCount:
     def mean(self) -> float:
         """Trips per entry (a while), or the share of entries taking each arm is :meth:`share`."""
         return self.counts[1] / self.entries if self.entries else 0.0
+
+    @property
+    def uniform(self) -> bool:
+        """Every entry of a while ran the same trips (its variance is 0); a cond: always."""
+        if self.site.kind != "while":
+            return True
+        entries, total, squares = self.counts
+        return entries * squares == total * total
 
     def share(self, arm: int) -> float:
         return self.counts[arm] / self.entries if self.entries else 0.0
@@ -292,26 +338,84 @@ class SiteCount:
             return []
         return [(k, self.share(k)) for k in range(len(self.counts)) if k != self.base and self.counts[k]]
 
+    @property
+    def linear_check(self) -> bool:
+        """Whether the figure leans on the estimate being linear in this loop's trips: its trips
+        differ between entries (the mean stands for all of them), or they are extrapolated."""
+        if self.site.kind != "while" or not self.entries:
+            return False
+        return not self.uniform or any(not 0 <= w <= 1 for _, w in self.moves())
+
+    @property
+    def key(self) -> tuple:
+        return (self.kernel, self.site.path)
+
+
+def _inside(outer: SiteCount, inner: SiteCount) -> bool:
+    return outer.kernel == inner.kernel and inner.site.path[:len(outer.site.path)] == outer.site.path \
+        and inner.site.path != outer.site.path
+
+
+def chains(counted: list[SiteCount]) -> list[tuple[tuple[SiteCount, int, float], ...]]:
+    """Every set of moves whose sites nest one inside the next (a site with one of its moves, then
+    a site inside it with one of its own, ...). The estimate is taken as linear in each site's
+    mean trips or arm shares *given* the sites around it, so the figure is multilinear in them:
+    the variants of these sets, and no others, determine it exactly."""
+    out: list[tuple] = []
+
+    def extend(chain: tuple, rest: list[SiteCount]) -> None:
+        for k, c in enumerate(rest):
+            if chain and not _inside(chain[-1][0], c):
+                continue
+            for choice, weight in c.moves():
+                longer = chain + ((c, choice, weight),)
+                out.append(longer)
+                extend(longer, rest[k + 1:])
+
+    ordered = sorted(counted, key=lambda c: (c.kernel, len(c.site.path), c.site.path))
+    extend((), ordered)
+    return out
+
 
 def plan(counted: list[SiteCount]) -> tuple[dict, list[tuple[dict, float]]]:
-    """The base choice ({(kernel, path): choice}) and the variants beside it, each with the weight
-    its estimate's difference from the base's is added with."""
-    base = {(c.kernel, c.site.path): c.base for c in counted}
-    variants = []
-    for c in counted:
-        for choice, weight in c.moves():
-            variants.append((base | {(c.kernel, c.site.path): choice}, weight))
-    return base, variants
+    """The base choice ({(kernel, path): choice}) and the variants beside it, each with its weight
+    (the product of its moves' weights) and the sets of moves it is made of."""
+    base = {c.key: c.base for c in counted}
+    return base, [(base | {c.key: choice for c, choice, _ in chain}, math.prod(w for _, _, w in chain))
+                  for chain in chains(counted)]
 
 
-def combine(base_cycles: int, variant_cycles: list[tuple[int, float]]) -> int:
-    """The base's estimate plus each variant's difference from it, weighted."""
-    return max(0, round(base_cycles + sum(w * (c - base_cycles) for c, w in variant_cycles)))
+def combine(base_cycles: int, variant_cycles: list[tuple[int, float]], nested: list[tuple[int, ...]] | None = None
+            ) -> int:
+    """The base's estimate plus each variant's mixed difference, weighted. ``nested[i]`` lists the
+    variants that are variant i's sub-chains (none for a single move): the mixed difference of a
+    chain of moves is the inclusion-exclusion sum over its sub-chains, so that a site inside
+    another is weighed by its own mean and its host's, not by either alone."""
+    nested = nested or [() for _ in variant_cycles]
+    diffs: dict[int, float] = {}
+    for i in sorted(range(len(variant_cycles)), key=lambda i: len(nested[i])):    # sub-chains first
+        diffs[i] = variant_cycles[i][0] - base_cycles - sum(diffs[j] for j in nested[i])
+    return max(0, round(base_cycles + sum(diffs[i] * w for i, (_, w) in enumerate(variant_cycles))))
+
+
+def _sub_chains(all_chains: list[tuple]) -> list[tuple[int, ...]]:
+    """For each chain, the indices of its proper, non-empty sub-chains (earlier in the list)."""
+    index = {tuple((c.key, choice) for c, choice, _ in ch): i for i, ch in enumerate(all_chains)}
+    out = []
+    for ch in all_chains:
+        moves = [(c.key, choice) for c, choice, _ in ch]
+        subs = []
+        for r in range(1, len(moves)):
+            for pick in itertools.combinations(moves, r):
+                subs.append(index[tuple(pick)])
+        out.append(tuple(subs))
+    return out
 
 
 def describe(counted: list[SiteCount]) -> list[dict]:
-    return [{"kernel": c.kernel, "kind": c.site.kind, "path": list(c.site.path), "counts": list(c.counts),
-             "entries": c.entries, **({"mean_trips": round(c.mean, 4)} if c.site.kind == "while" else {})}
+    return [{"kernel": c.kernel, "kind": c.site.kind, "path": list(c.site.path), "where": c.site.where,
+             "counts": list(c.counts), "entries": c.entries,
+             **({"mean_trips": round(c.mean, 4), "uniform": c.uniform} if c.site.kind == "while" else {})}
             for c in counted]
 
 
@@ -424,10 +528,38 @@ def dma_starts(found: list[list[Site]], counts: list) -> list[list[int]]:
 
 def figure(found: list[list[Site]], counts: list, estimate) -> dict:
     """The counted figure: ``estimate(choice) -> cycles`` compiles one variant and reads its
-    estimate. Returns the stage's facts: cycles, the sites' counts and every variant's figure."""
+    estimate. Returns the stage's facts: cycles, the sites' counts and every variant's figure.
+    Raises :class:`Uncountable` where the figure would rest on a linearity the estimate does not
+    have (a loop whose trips differ between entries, or are extrapolated, and whose estimate's
+    second difference in its trips is not ~0), naming the loop."""
     counted = site_counts(found, counts)
     base, variants = plan(counted)
-    base_cycles = estimate(base)
-    moved = [(estimate(choice), weight) for choice, weight in variants]
-    return {"cycles": combine(base_cycles, moved), "base_cycles": base_cycles, "sites": describe(counted),
-            "variants": [{"cycles": c, "weight": round(w, 6)} for c, w in moved]}
+    checks = [c for c in counted if c.linear_check]
+    if len(variants) + 2 * len(checks) > MAX_VARIANTS:
+        raise Uncountable(f"{len(variants)} variants for {len(counted)} nested loops and branches on data: "
+                          f"more than the {MAX_VARIANTS} a figure may compile")
+    cache: dict[tuple, int] = {}
+
+    def cycles_of(choice: dict) -> int:
+        key = tuple(sorted(choice.items()))
+        if key not in cache:
+            cache[key] = estimate(choice)
+        return cache[key]
+
+    base_cycles = cycles_of(base)
+    moved = [(cycles_of(choice), weight) for choice, weight in variants]
+    linear = []
+    for c in checks:     # the loop at base, base + 1 and base + 2 trips: a straight line, or refused
+        c0, c1, c2 = base_cycles, cycles_of(base | {c.key: c.base + 1}), cycles_of(base | {c.key: c.base + 2})
+        first, second = c1 - c0, c2 - 2 * c1 + c0
+        linear.append({"kernel": c.kernel, "path": list(c.site.path), "cycles": [c0, c1, c2]})
+        if abs(second) > LINEAR_TOLERANCE * max(abs(first), 1):
+            raise Uncountable(
+                f"{c.site.named(c.kernel)} runs {c.counts[1]} trips over {c.entries} entries, unevenly or beyond "
+                f"what a variant compiles, and the estimate is not linear in its trips ({c.base}, {c.base + 1}, "
+                f"{c.base + 2} trips: {c0}, {c1}, {c2} cycles), so its mean does not stand for them: "
+                "write its trips as a constant or make them the same in every grid entry")
+    cycles = combine(base_cycles, moved, _sub_chains(chains(counted)))
+    return {"cycles": cycles, "base_cycles": base_cycles, "sites": describe(counted),
+            "variants": [{"cycles": c, "weight": round(w, 6)} for c, w in moved], "linear_checks": linear,
+            "compiles": len(cache)}
