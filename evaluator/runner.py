@@ -63,7 +63,8 @@ def _hbm_facts(compiled, exported, timing_input: str | None, names: list, specs:
     traffic = program_traffic(exported, value) if exported is not None else Traffic()
     return {"hbm_bytes": xla_bytes + traffic.kernel_bytes,
             "hbm_kernel_bytes": traffic.kernel_bytes,
-            "hbm_notes": list(traffic.notes), "hbm_blind": traffic.blind}
+            "hbm_notes": list(traffic.notes), "hbm_blind": traffic.blind,
+            "hbm_data_dependent": traffic.data_dependent, "hbm_estimate_misses": list(traffic.estimate_misses)}
 
 
 def _read_input(directory: str, name: str, dtype: str):
@@ -165,11 +166,13 @@ def _llo_dir():
     return Path(match.group(1)) if match else None
 
 
-def _count_trips(closed, counting, counted, device, specs) -> dict:
-    """The figure of a kernel whose work depends on its data, counted on the timing input:
+def _count_trips(closed, counting, counted_sets, device, specs) -> dict:
+    """The figure of a kernel whose work depends on its data, counted on every input set:
     loops and branches by static variants (trips.py), every variant compiled for the chip and its
-    estimate read (the program's own profiles are kept aside, ``llo_static``); the kernels' own
-    DMAs by the bytes they moved (dmas.py). The facts name every site, variant and DMA."""
+    estimate read (the program's own profiles are kept aside, ``llo_static``; a variant two sets
+    share is compiled once); the kernels' own DMAs by the bytes they moved (dmas.py). The facts are
+    the timing input's (the first set), with every set's in ``sets``: the estimate's figure is the
+    slowest (``timing/compiler_estimate.py``). They name every site, variant and DMA."""
     import time
 
     import jax
@@ -188,28 +191,41 @@ def _count_trips(closed, counting, counted, device, specs) -> dict:
     gc.collect()          # the variants' compiles need (RLIMIT_AS, evaluator/sandbox.py Limits)
     args = [jax.ShapeDtypeStruct(s, d, sharding=SingleDeviceSharding(device)) for s, d in specs]
 
+    compiled: dict[tuple, int] = {}
+
     def estimate(choice) -> int:
+        key = tuple(sorted(choice.items()))
+        if key in compiled:
+            return compiled[key]
         for path in llo.glob("*") if llo.is_dir() else ():
             path.unlink()
         jax.jit(trips.variant_program(closed, choice)).lower(*args).compile()
         cycles, why = read_cycles(llo)
         if cycles is None:
             raise trips.Uncountable(f"a variant has no estimate: {why}")
+        compiled[key] = cycles
         return cycles
 
-    try:
-        found = trips.kernel_sites(closed)
-        counts = [jax.device_get(c) for c in counted]
-        facts = dmas.counted(counting.dmas, trips.dma_starts(found, counts))
-        if any(found):
-            llo.rename(llo.with_name("llo_static"))
-            facts |= trips.figure(found, counts, estimate)
-        else:                 # no loop or branch on data: the program's own estimate stands
-            cycles, why = read_cycles(llo)
-            facts |= {"cycles": cycles} if cycles is not None else {"error": why}
-    except trips.Uncountable as exc:
-        facts = {"error": str(exc)}
-    return facts | {"trips_time_s": time.perf_counter() - t0}
+    found = trips.kernel_sites(closed)
+    static = None
+    if any(found):
+        llo.rename(llo.with_name("llo_static"))
+    else:                 # no loop or branch on data: the program's own estimate stands
+        static = read_cycles(llo)
+    sets = []
+    for counted in counted_sets:
+        try:
+            counts = [jax.device_get(c) for c in counted]
+            facts = dmas.counted(counting.dmas, trips.dma_starts(found, counts))
+            if static is None:
+                facts |= trips.figure(found, counts, estimate)
+            else:
+                facts |= {"cycles": static[0]} if static[0] is not None else {"error": static[1]}
+        except trips.Uncountable as exc:
+            facts = {"error": str(exc)}
+        sets.append(facts)
+    first = dict(sets[0]) if sets else {"error": "no input set was counted"}
+    return first | {"sets": sets, "variants_compiled": len(compiled), "trips_time_s": time.perf_counter() - t0}
 
 
 def _lower_for_the_chip(req: dict) -> None:
@@ -371,7 +387,7 @@ def main(request_path: str) -> int:
                                          for n, (_, d) in zip(names, specs, strict=True)],
                                         run_devices, req["mesh_axis"])
         run_cpu = None if req["on_tpu"] or chips > 1 else jax.jit(cpu_fn)
-        counted = None
+        counted, counting_fn = [], None
         for i, directory in enumerate(req["inputs"]):
             if chips > 1:
                 out = run(*mesh_args(directory))
@@ -381,13 +397,18 @@ def main(request_path: str) -> int:
             args = [_read_input(directory, name, d) for name, (_, d) in zip(names, specs, strict=True)]
             if run_cpu is None:
                 out = compiled(*[jax.device_put(a, device) for a in args])
-            elif i == 0 and count:   # the timing input, its loops and branches counted
+            elif count:   # every set's loops, branches and DMAs counted: the figure is the slowest's
                 from evaluator import trips
                 from evaluator.interpret import installed
 
-                counting = trips.counting_program(closed)
-                with installed():    # traced here: the same interpreter set-up as the CPU program's
-                    out, counted = jax.jit(counting)(*[jnp.asarray(a) for a in args])
+                if counting_fn is None:
+                    counting = trips.counting_program(closed)
+                    with installed():    # traced here: the same interpreter set-up as the CPU program's
+                        counting_fn = jax.jit(counting)
+                        out, counts = counting_fn(*[jnp.asarray(a) for a in args])
+                else:
+                    out, counts = counting_fn(*[jnp.asarray(a) for a in args])
+                counted.append(counts)
             else:
                 out = run_cpu(*[jnp.asarray(a) for a in args])
             jax.block_until_ready(out)
@@ -395,10 +416,17 @@ def main(request_path: str) -> int:
         reporter.send(event="stage_ok", stage=stage,
                       data={"outputs": outputs, "correctness_time_s": time.perf_counter() - t0})
 
-        if counted is not None:
+        if counted:
             stage = "trips"
             reporter.stage(stage)
             reporter.send(event="stage_ok", stage=stage, data=_count_trips(closed, counting, counted, device, specs))
+        if compiled is not None and chips == 1 and facts.get("hbm_data_dependent") and len(req["inputs"]) > 1:
+            # Index maps that read the data: every set's traffic, the figure the slowest's.
+            stage = "traffic"
+            reporter.stage(stage)
+            per_set = [_hbm_facts(compiled, programs["tpu"], directory, names, specs)["hbm_bytes"]
+                       for directory in req["inputs"]]
+            reporter.send(event="stage_ok", stage=stage, data={"hbm_bytes_per_set": per_set})
 
         if req["on_tpu"] and req.get("timing"):
             stage = "timing"

@@ -9,6 +9,7 @@ The flag is internal to libtpu: when no file appears we say so rather than guess
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from pathlib import Path
@@ -105,7 +106,27 @@ class CompilerEstimate(TimingSource):
         return {"LIBTPU_INIT_ARGS": f"{DUMP_FLAG}={scratch / 'llo'}"}
 
     def read(self, scratch: Path, stage_data: dict[str, dict], chip: Chip) -> Timing:
+        """The figure; where the work depends on the data (loops, branches and DMAs counted per
+        input set, ``trips``; index maps that read the data, ``traffic``), the slowest set's, so
+        that no kernel is timed on its easiest input. A set that cannot be counted refuses it."""
+        sets = _per_set(stage_data)
+        if len(sets) <= 1:
+            return self._read_one(scratch, stage_data, chip)
+        timings = [self._read_one(scratch, data, chip) for data in sets]
+        for i, t in enumerate(timings):
+            if t.latency_s is None:
+                return Timing(None, error=f"input set {i + 1}: {t.error}")
+        slowest = max(range(len(timings)), key=lambda i: (timings[i].cycles, -i))
+        figures = ", ".join(f"{t.cycles:,}" for t in timings)
+        note = f"the slowest of {len(timings)} input sets, set {slowest + 1} (cycles per set: {figures})"
+        t = timings[slowest]
+        return dataclasses.replace(t, note="; ".join(filter(None, [t.note, note])))
+
+    def _read_one(self, scratch: Path, stage_data: dict[str, dict], chip: Chip) -> Timing:
         facts = stage_data.get("compile", {})
+        if facts.get("hbm_estimate_misses"):
+            return Timing(None, error="the static estimate leaves out work this program does: "
+                                      + "; ".join(facts["hbm_estimate_misses"][:3]) + "; time it on a TPU host")
         hbm_bytes = facts.get("hbm_bytes")
         chips = facts.get("chips", 1)
         counted = stage_data.get("trips") or {}     # counted on the timing input (trips.py, dmas.py)
@@ -158,3 +179,22 @@ class CompilerEstimate(TimingSource):
         return Timing(total / chip.clock_hz, cycles=total, compute_cycles=cycles, hbm_cycles=hbm_cycles,
                       hbm_bytes=int(hbm_bytes), note=note,
                       chip_bytes=tuple(int(b) for b in facts.get("per_chip_kernel_bytes", ())))
+
+
+def _per_set(stage_data: dict[str, dict]) -> list[dict[str, dict]]:
+    """The stage data as each input set would give it (the runner's ``trips`` facts per set and
+    ``traffic`` bytes per set); one entry where the figure does not depend on the set."""
+    counted = (stage_data.get("trips") or {}).get("sets") or []
+    traffic = (stage_data.get("traffic") or {}).get("hbm_bytes_per_set") or []
+    n = max(len(counted), len(traffic))
+    if n <= 1:
+        return [stage_data]
+    out = []
+    for i in range(n):
+        data = dict(stage_data)
+        if counted:
+            data["trips"] = counted[min(i, len(counted) - 1)]
+        if traffic:
+            data["compile"] = dict(stage_data.get("compile", {}), hbm_bytes=traffic[min(i, len(traffic) - 1)])
+        out.append(data)
+    return out

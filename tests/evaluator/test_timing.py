@@ -67,3 +67,30 @@ def test_unknown_names_are_refused_with_the_choices():
         get_timing_source("stopwatch")
     with pytest.raises(ValueError, match="v5e"):
         get_chip("v9")
+
+
+def test_a_figure_that_depends_on_the_data_is_the_slowest_input_sets(tmp_path):
+    """Loops counted per input set (``trips.sets``) and index maps that read the data
+    (``traffic.hbm_bytes_per_set``): the figure is the slowest set's, and a set that could not be
+    counted refuses it. With one set, nothing changes."""
+    chip, source = get_chip("v5e"), get_timing_source("compiler_estimate")
+    per_cycle = chip.hbm_bytes_per_s / chip.clock_hz
+    compile_ = {"hbm_bytes": 10, "hbm_data_dependent": True}
+    sets = [{"cycles": 1_000, "sites": [{}]}, {"cycles": 3_000, "sites": [{}]}, {"cycles": 2_000, "sites": [{}]}]
+    timing = source.read(tmp_path, {"compile": compile_, "trips": dict(sets[0], sets=sets)}, chip)
+    assert timing.cycles == 3_000 and "set 2" in timing.note
+    heavy = {"hbm_bytes_per_set": [10, 10, int(per_cycle * 5_000)]}     # set 3 moves 5,000 cycles of bytes
+    timing = source.read(tmp_path, {"compile": compile_, "trips": dict(sets[0], sets=sets), "traffic": heavy}, chip)
+    assert timing.cycles == 5_000 and timing.hbm_cycles == 5_000 and "set 3" in timing.note
+    broken = sets[:2] + [{"error": "the loop at x is not linear in its trips"}]
+    refused = source.read(tmp_path, {"compile": compile_, "trips": dict(sets[0], sets=broken)}, chip)
+    assert refused.latency_s is None and refused.error.startswith("input set 3: the loop at x")
+    alone = source.read(tmp_path, {"compile": compile_, "trips": dict(sets[0], sets=sets[:1])}, chip)
+    assert alone.cycles == 1_000 and "slowest" not in alone.note
+
+
+def test_a_window_the_estimate_leaves_out_is_no_figure(tmp_path):
+    timing = get_timing_source("compiler_estimate").read(
+        tmp_path, {"compile": {"hbm_bytes": 10, "hbm_estimate_misses": ["kernel 'k': input 1 has an element window"]}},
+        get_chip("v5e"))
+    assert timing.latency_s is None and "element window" in timing.error
