@@ -50,6 +50,11 @@ EXPECTED = {
     "c7_bf16_accumulation": (Status.FAIL_CORRECTNESS, "less precise"),
     "c8_known_outputs_in_kernel": (Status.FAIL_TRACE, "bytes of constants"),
     "c8_known_outputs_in_xla": (Status.FAIL_TRACE, "bytes of constants"),
+    # Round three (issue 36), each beside its honest twin (ROUND_THREE below): trips counted by what
+    # each grid entry runs; the figure the slowest input set's; the TPU's pipeline in the interpreter.
+    "c9_trips_on_one_entry": (Status.PASS, ""),
+    "c9_easy_path_on_normal": (Status.PASS, ""),
+    "c9_output_revisit": (Status.FAIL_CORRECTNESS, "NaN"),
 }
 # Class 8, compiler knobs the interpreter never sees: the seed with one CompilerParams field set
 # (made here from the seed's source, so they follow it) -> (status, phrase).
@@ -103,8 +108,25 @@ TWINS = {"c5_loop_constant_bound": lambda: (CANDIDATES / "c5_prefetch_loop_bound
     "BOUND_FROM_PREFETCH = True", "BOUND_FROM_PREFETCH = False")}
 
 
+# Class 9, round three: a candidate -> its honest twin, the same work written plainly (the
+# candidate's source with HONEST = True). Each candidate is refused or scored within 10% of its twin.
+ROUND_THREE = {"c9_trips_on_one_entry": "c9_trips_on_one_entry_twin",
+               "c9_easy_path_on_normal": "c9_easy_path_on_normal_twin",
+               "c9_output_revisit": "c9_output_revisit_twin"}
+for _name, _twin in ROUND_THREE.items():
+    TWINS[_twin] = lambda n=_name: honest(n)
+ROUND_THREE_DECODE = {"c9_element_window": (Status.FAIL_TIMING, "element window"),
+                      "c9_wrapping_index": (Status.PASS, "")}
+
+
+def honest(name: str) -> str:
+    source = (CANDIDATES / f"{name}.py").read_text()
+    assert source.count("HONEST = False") == 1, name
+    return source.replace("HONEST = False", "HONEST = True")
+
+
 # Candidates of the decode task (judged in their own test below).
-DECODE = {"c9_knows_the_timing_input"}
+DECODE = {"c9_knows_the_timing_input"} | set(ROUND_THREE_DECODE)
 DECODE_SHAPE = "B=4,H=4,HKV=2,N=2048,D=128,T=1"
 
 
@@ -154,7 +176,13 @@ def test_each_candidate_is_refused_or_honestly_scored(verdicts, name):
     result = verdicts["results"][name]
     assert result.status is status, (result.status, result.error)
     assert phrase in result.error
-    if name in COUNTED:         # scored by the work it does, on the data
+    if name in ROUND_THREE:     # refused, or within 10% of the same work written plainly
+        twin = verdicts["results"][ROUND_THREE[name]]
+        assert twin.status is Status.PASS, twin.error
+        if status is Status.PASS:
+            ratio = result.metrics.estimated_cycles / twin.metrics.estimated_cycles
+            assert 0.90 <= ratio <= 1.10, (result.metrics.estimated_cycles, twin.metrics.estimated_cycles)
+    elif name in COUNTED:         # scored by the work it does, on the data
         twin = verdicts["results"][COUNTED[name]]
         assert twin.status is Status.PASS, twin.error
         ratio = result.metrics.estimated_cycles / twin.metrics.estimated_cycles
@@ -253,3 +281,36 @@ def test_a_kernel_that_works_only_at_its_checked_size_is_caught_at_any_other(tmp
     other = AttentionTask(batch=1, heads=2, seq_len=256, head_dim=128)
     verdict = Judge(JudgeConfig(cache_dir=str(tmp_path), workers=2)).evaluate(cheat, other)
     assert verdict.status is Status.FAIL_CORRECTNESS, (verdict.status, verdict.error)
+
+
+@pytest.fixture(scope="module")
+def round_three_decode(tmp_path_factory):
+    """Class 9's index-map candidates and their twins, judged side by side on the decode task."""
+    from seeds import load_seed
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(judge_module, "screen_source", lambda *a, **k: ScreenResult(True))
+    task = load_seed("flash_decoding").task(DECODE_SHAPE)
+    judge = Judge(JudgeConfig(cache_dir=str(tmp_path_factory.mktemp("round-three")), workers=2))
+    names = sorted(ROUND_THREE_DECODE)
+    sources = [(CANDIDATES / f"{n}.py").read_text() for n in names] + [honest(n) for n in names]
+    try:
+        results = judge_all(judge, sources, task)
+    finally:
+        mp.undo()
+    return {n: (results[i], results[len(names) + i]) for i, n in enumerate(names)}
+
+
+@pytest.mark.parametrize("name", sorted(ROUND_THREE_DECODE))
+def test_index_maps_are_counted_as_the_chip_runs_them(round_three_decode, name):
+    """Class 9, index maps: element windows (the estimate leaves out their copies: refused by
+    name) and int32 arithmetic that wraps (counted as the chip wraps it: the twin's bytes)."""
+    status, phrase = ROUND_THREE_DECODE[name]
+    result, twin = round_three_decode[name]
+    assert twin.status is Status.PASS, twin.error
+    assert result.status is status, (result.status, result.error)
+    assert phrase in result.error
+    if status is Status.PASS:
+        assert result.metrics.hbm_bytes == twin.metrics.hbm_bytes
+        ratio = result.metrics.estimated_cycles / twin.metrics.estimated_cycles
+        assert 0.90 <= ratio <= 1.10, (result.metrics.estimated_cycles, twin.metrics.estimated_cycles)

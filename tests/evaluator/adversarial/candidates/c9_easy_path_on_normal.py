@@ -15,8 +15,10 @@ temperature. The timing input is input set 1, a ``normal`` draw: the figure coun
 easy arm's, though the kernel does the full work on other data (and the test itself, which only
 feeds the branch, is not in a variant that fixes the branch to one arm).
 
-Expected: correct on every distribution. Honest twin (``HONEST = True``): no data test, always the
-full arm.
+Expected: correct on every distribution, and timed as its honest twin: the judge counts every
+input set and the figure is the slowest's (``outliers``, the full arm): 21,123 cycles, the twin's
+exactly, where the timing input alone gave 17,155. Honest twin (``HONEST = True``): no data test,
+always the full arm.
 """
 
 import functools

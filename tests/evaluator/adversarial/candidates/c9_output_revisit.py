@@ -20,7 +20,8 @@ Honest twin (``HONEST = True``): the same kernel and the same output blocks on t
 VMEM (the seed's order; the state in outputs only costs their write-back).
 
 Expected: FAIL_CORRECTNESS (the judge feeds a non-consecutive revisit a NaN-filled buffer, as the
-chip would hand it a stale one); the twin PASSes.
+chip would hand it a stale one); the twin PASSes. Against Pallas' own interpreter (whole arrays
+carried) it PASSed: 36,551 cycles, a little under its twin's 37,212.
 """
 import functools
 

@@ -9,15 +9,22 @@ entries of a head revisit one output block, consecutively (legal on a TPU: the b
 back once, after the last of them).
 
 The outer loop is a data-dependent ``while``: 32 entries at B=1, H=2, 8 trips in all, a mean of a
-quarter of a trip per entry. Counted by its mean, the figure is extrapolated linearly from static
-variants of one and two trips in every entry; but the trips' cost is not linear in their number
-(trip t runs t + 1 kv blocks: one trip is one kv block, two are three), and a mean per entry
-forgets that the trips all fall in one entry (four trips there are ten kv blocks, not four times
-one).
+quarter of a trip per entry. The judge used to count it by that mean alone, extrapolated linearly
+from static variants of one and two trips in every entry, while the inner loop, bounded by the
+outer one's induction variable, was no site: each variant's estimate simulated it on the variant's
+made-up trips (trip t runs t + 1 kv blocks), so the work that all falls in one entry was charged
+as a sliver of it in every entry. It PASSed at 1,921 cycles (the estimate's figure was negative,
+clamped to 0: the HBM floor alone) against 18,936 for its twin.
 
-Expected: correct, and scored as its honest twin (within 5%, never below it by more than 1%).
-Honest twin (``HONEST = True``): the same work written plainly, grid (batch, heads), one entry per
-head, the outer loop over the q blocks with a static bound.
+Now the inner loop is a site too (a loop fed by a counted loop's carry is counted), the figure
+is multilinear in the two loops' means (the variant that moves both is compiled), and the
+estimate's linearity in each loop's trips is checked, since their trips are uneven.
+
+Expected: correct, and scored within 10% of its honest twin.
+Honest twin (``HONEST = True``): the same work on the same grid written plainly, the outer loop's
+bound a function of the grid index (``program_id(2) == 15``), which the estimate simulates
+exactly. (Written with one entry per head instead, it is 15,949 cycles: sixteen grid steps per head
+cost their pipeline's overhead.)
 """
 
 import functools
@@ -69,7 +76,8 @@ def _kernel(trips_ref, q_ref, k_ref, v_ref, o_ref, *, sm_scale, causal, block_q,
         o_ref[0, 0, pl.ds(q_start, block_q), :] = (acc / l_final[:, :1]).astype(o_ref.dtype)
         return carry
 
-    bound = num_q if HONEST else trips_ref[pl.program_id(2)]
+    last = pl.program_id(2) == ENTRIES - 1
+    bound = jnp.where(last, num_q, 0) if HONEST else trips_ref[pl.program_id(2)]
     jax.lax.fori_loop(0, bound, q_body, 0)
 
 
@@ -82,10 +90,7 @@ def flash_attention(q, k, v, *, causal=True, sm_scale=1.0):
                                block_kv=block_kv, num_q=num_q, num_kv=num_kv)
     # Trips of the q-block loop per grid entry: none but in the last entry of a head.
     trips = jnp.zeros((ENTRIES,), jnp.int32).at[ENTRIES - 1].set(num_q)
-    if HONEST:
-        grid, semantics = (batch, heads), ("parallel", "parallel")
-    else:
-        grid, semantics = (batch, heads, ENTRIES), ("parallel", "parallel", "arbitrary")
+    grid, semantics = (batch, heads, ENTRIES), ("parallel", "parallel", "arbitrary")
     whole_head = pl.BlockSpec((1, 1, seq_len, head_dim), lambda b, h, *_: (b, h, 0, 0))
     return pl.pallas_call(
         kernel,
