@@ -18,9 +18,9 @@ block index ``j``.
 
 Expected: correct, then FAIL_TIMING naming the element window under the compiler estimate (see
 below); its bytes are counted as the honest twin's (the whole cache per query head:
-``tests/evaluator/test_hbm_traffic.py`` holds the model to that). Measured against a model that read offsets as block indices: 4,227,072 bytes to the twin's
-16,809,984 at the test shape; with BLOCK_KV = 2048 at N=8192, where the HBM floor is the figure,
-71,220 cycles to the twin's 122,971.
+``tests/evaluator/test_hbm_traffic.py`` holds the model to that). Measured against a model that
+read offsets as block indices: 4,227,072 bytes to the twin's 16,809,984 at the test shape; with
+BLOCK_KV = 2048 at N=8192, where the HBM floor is the figure, 71,220 cycles to the twin's 122,971.
 
 Beyond the bytes (libtpu 0.0.42.1, v5e): the compiler's static estimate of this kernel is itself
 lower than its twin's, 52,278 cycles to 72,534 at the test shape (BLOCK_KV = 512, where the
