@@ -10,7 +10,7 @@ import importlib
 
 _EXPORTS = {"Judge": "evaluator.judge", "JudgeConfig": "evaluator.judge", "StageBudgets": "evaluator.judge",
             "EvalResult": "evaluator.result", "Metrics": "evaluator.result", "Provenance": "evaluator.result",
-            "Status": "evaluator.result", "Limits": "evaluator.sandbox"}
+            "Status": "evaluator.result", "Limits": "evaluator.containment.sandbox"}
 __all__ = list(_EXPORTS)
 
 

@@ -26,19 +26,19 @@ from collections.abc import Sequence
 
 from evaluator.arrays import load_array
 from evaluator.chips import Chip, get_chip
-from evaluator.children import Children, on_tpu_host, private_dir, stage_data, write_inputs
-from evaluator.constants import BUDGET_BYTES
-from evaluator.ground_truth import GroundTruth, set_counts
-from evaluator.kernel_audit import COUNTED_ON_DATA
-from evaluator.reference import References
+from evaluator.containment.children import Children, on_tpu_host, private_dir, stage_data, write_inputs
+from evaluator.program.constants import BUDGET_BYTES
+from evaluator.correctness.ground_truth import GroundTruth, set_counts
+from evaluator.program.kernel_audit import COUNTED_ON_DATA
+from evaluator.correctness.reference import References
 from evaluator.result import EvalResult, Metrics, Provenance, Status
-from evaluator.roofline import roofline
-from evaluator.sandbox import ChildOutcome, Limits
-from evaluator.screen import screen_source
-from evaluator.timing import Timing, TimingSource, get_timing_source, timing_choices
-from evaluator.verdicts import compare_chips, failure
+from evaluator.figure.roofline import roofline
+from evaluator.containment.sandbox import ChildOutcome, Limits
+from evaluator.containment.screen import screen_source
+from evaluator.figure.timing import Timing, TimingSource, get_timing_source, timing_choices
+from evaluator.correctness.verdicts import compare_chips, failure
 from evaluator.versions import versions
-from evaluator.worker import PROGRAM_FILE
+from evaluator.containment.worker import PROGRAM_FILE
 from seeds import SeedTask
 
 _WARNED: set[str] = set()
@@ -75,7 +75,7 @@ class JudgeConfig:
     suspect_factor: float = 1.0          # faster than roofline * factor -> SUSPECT
     # A candidate's error may be at most this multiple of the task's own XLA program's error.
     reference_error_factor: float = 1.5
-    # Bytes of constants a candidate's program may carry (evaluator/constants.py).
+    # Bytes of constants a candidate's program may carry (evaluator/program/constants.py).
     constant_budget_bytes: int = BUDGET_BYTES
 
     def __post_init__(self) -> None:

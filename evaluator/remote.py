@@ -25,11 +25,11 @@ import socket
 import tempfile
 from typing import Any
 
-from evaluator import jail
-from evaluator.ground_truth import GroundTruth
+from evaluator.containment import jail
+from evaluator.correctness.ground_truth import GroundTruth
 from evaluator.judge import Judge, JudgeConfig
 from evaluator.result import EvalResult, Provenance, Status
-from evaluator.timing import Timing
+from evaluator.figure.timing import Timing
 from seeds import task_source
 from seeds._contract import task_class_from_source
 

@@ -55,7 +55,7 @@ class Metrics:
     max_abs_error: float | None = None
     max_rel_error: float | None = None
     reference_max_abs_error: float | None = None        # the task's XLA program, same inputs
-    # What the program holds as data (evaluator/constants.py): every constant and literal, and the
+    # What the program holds as data (evaluator/program/constants.py): every constant and literal, and the
     # largest array computed outside its kernels from constants alone.
     constant_bytes: int | None = None
     constant_computed_bytes: int | None = None

@@ -27,7 +27,7 @@ import re
 import sys
 import time
 
-from evaluator.sandbox import Reporter
+from evaluator.containment.sandbox import Reporter
 
 _VMEM_RE = re.compile(r'"used_scoped_memory_configs":\[(.*?)\]')
 _SIZE_RE = re.compile(r'"size":"(\d+)"')
@@ -50,7 +50,7 @@ def _hlo_facts(hlo_text: str) -> dict:
 def _hbm_facts(compiled, exported, timing_input: str | None, names: list, specs: list) -> dict:
     """Bytes the program moves through HBM: XLA's cost analysis for its own ops, the trusted
     traffic model for Pallas kernels (index maps evaluated on the timing input's values)."""
-    from evaluator.hbm_traffic import Traffic, program_traffic
+    from evaluator.figure.hbm_traffic import Traffic, program_traffic
 
     try:
         analysis = compiled.cost_analysis()
@@ -95,7 +95,8 @@ def _load_programs(path: str, specs: list, *, cpu: bool, chips: int = 1,
     compiler parameter outside the allow-list (``compiler_params.py``)."""
     import jax
 
-    from evaluator import compiler_params, constants, mesh, traced, wire
+    from evaluator.program import compiler_params, constants, traced, wire
+    from evaluator.correctness import mesh
 
     with open(path, "rb") as fh:
         blob = fh.read(wire.MAX_BYTES + 1)
@@ -135,8 +136,8 @@ def _mesh_hbm_facts(compiled, closed, first, task, req: dict, specs: list) -> di
     input (its own cache lengths). ``first``: chip 0's export (the audit's), ``specs``: one chip's."""
     import jax
 
-    from evaluator.hbm_traffic import program_traffic
-    from evaluator.mesh import chip_export
+    from evaluator.figure.hbm_traffic import program_traffic
+    from evaluator.correctness.mesh import chip_export
 
     facts = _hbm_facts(compiled, None, None, [], [])
     chips, names, timing_input = int(req["chips"]), req["input_names"], req.get("timing_input")
@@ -160,7 +161,7 @@ def _llo_dir():
     import os
     from pathlib import Path
 
-    from evaluator.timing.compiler_estimate import DUMP_FLAG
+    from evaluator.figure.timing.compiler_estimate import DUMP_FLAG
 
     match = re.search(re.escape(DUMP_FLAG) + r"=(\S+)", os.environ.get("LIBTPU_INIT_ARGS", ""))
     return Path(match.group(1)) if match else None
@@ -178,8 +179,8 @@ def _count_trips(closed, counting, counted_sets, device, specs) -> dict:
     import jax
     from jax.sharding import SingleDeviceSharding
 
-    from evaluator import dmas, trips
-    from evaluator.timing.compiler_estimate import read_cycles
+    from evaluator.figure import dmas, trips
+    from evaluator.figure.timing.compiler_estimate import read_cycles
 
     t0 = time.perf_counter()
     llo = _llo_dir()
@@ -188,7 +189,7 @@ def _count_trips(closed, counting, counted_sets, device, specs) -> dict:
     import gc
 
     jax.clear_caches()    # the interpreted programs are done with: their executables hold memory
-    gc.collect()          # the variants' compiles need (RLIMIT_AS, evaluator/sandbox.py Limits)
+    gc.collect()          # the variants' compiles need (RLIMIT_AS, evaluator/containment/sandbox.py Limits)
     args = [jax.ShapeDtypeStruct(s, d, sharding=SingleDeviceSharding(device)) for s, d in specs]
 
     compiled: dict[tuple, int] = {}
@@ -300,7 +301,7 @@ def main(request_path: str) -> int:
                                                     constant_budget=req.get("constant_budget"))
             stage = "audit"
             reporter.stage(stage)
-            from evaluator.kernel_audit import COUNTED_ON_DATA, audit_exported
+            from evaluator.program.kernel_audit import COUNTED_ON_DATA, audit_exported
 
             findings = [f for p in programs.values() for f in audit_exported(p)]
             reporter.send(event="stage_ok", stage=stage,
@@ -320,7 +321,7 @@ def main(request_path: str) -> int:
 
         compiled = device = task = None
         if chips > 1:
-            from evaluator import mesh
+            from evaluator.correctness import mesh
             from seeds import task_from_source
 
             task = task_from_source(req["task_source"], req["task"])
@@ -361,7 +362,7 @@ def main(request_path: str) -> int:
             if prune:   # the cascade: a kernel too slow to matter is not checked
                 from pathlib import Path
 
-                from evaluator.timing.compiler_estimate import read_cycles
+                from evaluator.figure.timing.compiler_estimate import read_cycles
 
                 cycles, _ = read_cycles(Path(prune["estimate_dir"]))
                 if cycles is not None and cycles > prune["above_cycles"]:
@@ -378,7 +379,7 @@ def main(request_path: str) -> int:
             run = compiled if req["on_tpu"] else mesh.mesh_program(closed, run_devices, req["mesh_axis"],
                                                                    interpret=True)
             if not req["on_tpu"]:       # lowered at its first call: the same grid loop as export's
-                from evaluator.interpret import installed
+                from evaluator.correctness.interpret import installed
 
                 run = _within(installed, run)
 
@@ -398,8 +399,8 @@ def main(request_path: str) -> int:
             if run_cpu is None:
                 out = compiled(*[jax.device_put(a, device) for a in args])
             elif count:   # every set's loops, branches and DMAs counted: the figure is the slowest's
-                from evaluator import trips
-                from evaluator.interpret import installed
+                from evaluator.figure import trips
+                from evaluator.correctness.interpret import installed
 
                 if counting_fn is None:
                     counting = trips.counting_program(closed)

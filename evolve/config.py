@@ -137,7 +137,7 @@ class JudgeSettings:
 
     def __post_init__(self) -> None:
         from evaluator.chips import CHIPS
-        from evaluator.timing import timing_choices
+        from evaluator.figure.timing import timing_choices
         from evolve.executor import EXECUTORS
 
         if self.executor not in EXECUTORS:

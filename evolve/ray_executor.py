@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from evaluator.result import EvalResult, Status
-from evaluator.sandbox import Interrupted
+from evaluator.containment.sandbox import Interrupted
 from evolve.errors import UsageError
 from evolve.executor import Executor, Judging
 

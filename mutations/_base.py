@@ -17,11 +17,9 @@ from typing import Any, ClassVar, Literal
 
 import libcst as cst
 
+from ._errors import NotApplicable
+
 Status = Literal["applied", "not_applicable", "failed"]
-
-
-class NotApplicable(Exception):
-    """Raised inside an operator's rewrite to say "does not apply"; never escapes the base."""
 
 
 @dataclasses.dataclass(frozen=True)

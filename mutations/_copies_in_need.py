@@ -18,10 +18,10 @@ keep what the buffer held; the kernel must mask them (RPA masks K and V past eac
 length with a select, which also stops a NaN there). Starts and waits see the same condition when
 the descriptors that start and wait a block are built from the same metadata (RPA's are); the judge
 checks the outputs on secret inputs, and the copies' bytes are counted as they ran on the timing
-input (evaluator/dmas.py), so the bytes saved show in the HBM floor.
+input (evaluator/figure/dmas.py), so the bytes saved show in the HBM floor.
 
 Each guarded start and wait is a branch on data: off a TPU host the judge counts it on the timing
-input and holds a branch that issues a DMA at its most-taken arm (evaluator/trips.py).
+input and holds a branch that issues a DMA at its most-taken arm (evaluator/figure/trips.py).
 """
 
 from __future__ import annotations

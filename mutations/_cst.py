@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 import libcst as cst
 
 from . import _sites
-from ._base import NotApplicable
+from ._errors import NotApplicable
 
 TUNABLE_PREFIXES = ("BLOCK_", "HEADS_PER_PROGRAM", "VMEM_LIMIT_BYTES", "DIAGONAL_STRIP", "KV_SPLITS", "CHIPS")
 

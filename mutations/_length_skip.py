@@ -10,8 +10,8 @@ exact.
 With ``compute=True`` the per-block compute is also wrapped in ``pl.when(kv * block_kv <
 lengths[b])``. That branch depends on data: libtpu's static estimate cannot see it, so off a TPU
 host the judge counts which way it went on the timing input and times static variants of the
-kernel (evaluator/trips.py); on a TPU host it is measured. The DMA half alone is seen by the
-judge's HBM traffic model, which evaluates index maps on the real lengths (evaluator/hbm_traffic.py).
+kernel (evaluator/figure/trips.py); on a TPU host it is measured. The DMA half alone is seen by the
+judge's HBM traffic model, which evaluates index maps on the real lengths (evaluator/figure/hbm_traffic.py).
 """
 
 from __future__ import annotations

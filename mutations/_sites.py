@@ -24,7 +24,7 @@ from typing import Any
 
 import libcst as cst
 
-from ._base import NotApplicable
+from ._errors import NotApplicable
 
 # (entry point, site name): None for "the task's entry is unknown" / "the one reachable site".
 _SCOPE: contextvars.ContextVar[tuple[str | None, str | None]] = contextvars.ContextVar(

@@ -22,9 +22,9 @@ from pathlib import Path
 
 
 from evaluator.judge import Judge, JudgeConfig
-from evaluator.roofline import roofline
+from evaluator.figure.roofline import roofline
 from evaluator.versions import versions
-from evolve.decode_bench import best_chain
+from seeds.flash_decoding.bench import best_chain
 from mutations import replay
 from seeds import load_seed
 

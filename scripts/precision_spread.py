@@ -1,5 +1,5 @@
 """How a kernel's error compares with the task's XLA program's across secret draws: the max, the
-99th percentile and the mean, as ratios (what the judge's precision bar reads, ``evaluator/compare.py``).
+99th percentile and the mean, as ratios (what the judge's precision bar reads, ``evaluator/correctness/compare.py``).
 
     .venv/bin/python scripts/precision_spread.py --draws 10 [--shape B=1,H=2,N=256,D=128] [--no-causal]
 
@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax._src import core as jcore
 
-from evaluator import traced
+from evaluator.program import traced
 from mutations import Edit, replay
 from seeds import load_seed
 

@@ -8,7 +8,7 @@ the trip count read from a scalar-prefetch operand) with BLOCK_KV = N / trips (a
 of 128 rows at 8 trips: libtpu 0.0.42.1 crashes compiling 64-row ones, the constant-bound twin's
 too); its twin has ``BOUND_FROM_PREFETCH = False``. Every row is two full judgements (correctness
 in interpret mode, then the figure): the data-bound one counted on the timing input
-(``evaluator/trips.py``). The last column is what the static estimate alone says of the
+(``evaluator/figure/trips.py``). The last column is what the static estimate alone says of the
 data-bound loop (``Judge.estimate``: no run, so nothing counted): the guess the judge used to
 refuse.
 """

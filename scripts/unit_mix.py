@@ -50,7 +50,7 @@ def _compile_one(path: str, chip: str, shape: str, dump: str) -> dict:
     from jax.experimental import topologies
     from jax.sharding import SingleDeviceSharding
 
-    from evaluator.timing.compiler_estimate import read_cycles
+    from evaluator.figure.timing.compiler_estimate import read_cycles
     from seeds.flash_attention.task import AttentionTask, parse_shape
 
     task = AttentionTask(**parse_shape(shape))

@@ -116,7 +116,7 @@ class SeedTask:
         """The size of what each output element sums, same shape as the reference (attention:
         ``softmax(q k^T) @ |v|``), or None. A rounding error scales with the terms summed, not
         with their sum, which can cancel to about 0: the absolute tolerance is scaled by it where
-        it exceeds 1 (``evaluator/compare.py``)."""
+        it exceeds 1 (``evaluator/correctness/compare.py``)."""
         return None
 
     @property

@@ -44,7 +44,7 @@ class Task(SeedTask):
     shape_grammar = "B=1,H=8,N=2048,D=128"
     distributions = DISTRIBUTIONS
     # The distributions every candidate is checked on; the judge draws each set's seed in secret
-    # (evaluator/ground_truth.py). These seeds are public: only a judge given explicit sets uses them.
+    # (evaluator/correctness/ground_truth.py). These seeds are public: only a judge given explicit sets uses them.
     correctness_inputs = (("normal", 0), ("outliers", 1), ("tempered", 2))
     peers = {"JAX flash_attention (tuned blocks)": "../../examples/jax_flash_attention_tuned.py"}
     ablation_peers = {"JAX flash_attention (default blocks)": "../../examples/jax_flash_attention.py"}

@@ -40,7 +40,7 @@ class Task(SeedTask):
     # sequence uses the whole cache; outliers: ragged, with a few large-magnitude q, k, v entries;
     # tempered: ragged, with the logits' temperature drawn log-uniform in TEMPERATURES.
     distributions = ("ragged", "full", "outliers", "tempered")
-    # The judge draws each set's seed in secret (evaluator/ground_truth.py); the first set keeps the
+    # The judge draws each set's seed in secret (evaluator/correctness/ground_truth.py); the first set keeps the
     # public timing input's lengths (ragged, seed 0), which the figures are of.
     correctness_inputs = (("ragged", 0), ("outliers", 1), ("tempered", 2))
     # --chips 4: a v5e 2x2. The cache is split along its length: chip c holds entries

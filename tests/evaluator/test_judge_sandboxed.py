@@ -12,7 +12,7 @@ import pytest
 from evaluator import judge as judge_module
 from evaluator.judge import Judge, JudgeConfig, StageBudgets
 from evaluator.result import Status
-from evaluator.sandbox import Limits
+from evaluator.containment.sandbox import Limits
 from tests.evaluator.conftest import TINY, TINY_FULL, variant
 from tests.judging import judge_all
 
@@ -57,7 +57,7 @@ def test_patching_the_comparison_is_refused_by_the_screen(strict_judge, seed_sou
 
 def test_patching_inside_the_candidate_cannot_reach_the_comparison(strict_judge, seed_source, monkeypatch):
     # Even with the screen out of the way, the candidate's patches live in another process.
-    from evaluator.screen import ScreenResult
+    from evaluator.containment.screen import ScreenResult
 
     monkeypatch.setattr(judge_module, "screen_source", lambda *a, **k: ScreenResult(True))
     wrong = variant(seed_source, "s = s * sm_scale", "s = s * 1.0")

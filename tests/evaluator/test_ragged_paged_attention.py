@@ -1,6 +1,6 @@
 """JAX's ragged paged attention (the installed module) judged end to end on v6e at a small mixed
 batch: checked in the judge's interpreter, timed with its loops, branches and page copies counted
-on the timing input (``evaluator/trips.py``, ``evaluator/dmas.py``)."""
+on the timing input (``evaluator/figure/trips.py``, ``evaluator/figure/dmas.py``)."""
 
 from __future__ import annotations
 

@@ -59,7 +59,7 @@ def cmdline(pid: int) -> str:
 
 
 def descendants(pid: int) -> list[int]:
-    from evaluator.sandbox import _descendants
+    from evaluator.containment.sandbox import _descendants
 
     return list(_descendants(pid))
 
@@ -303,7 +303,7 @@ def test_without_ray_asking_for_it_is_one_line_naming_the_extra(monkeypatch, tmp
 
 
 def test_the_executor_is_part_of_the_run_configuration(tmp_path):
-    from evolve.cli_run import with_executor
+    from evolve.cli.run import with_executor
     from evolve.config import load_config
     from evolve.errors import UsageError
 

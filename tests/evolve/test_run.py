@@ -115,13 +115,13 @@ def test_the_same_seed_gives_the_same_lineage(small_run, tmp_path):
 
 
 def workers_of(pid: int) -> list[int]:
-    from evaluator.sandbox import _descendants
+    from evaluator.containment.sandbox import _descendants
 
     found = []
     for child in _descendants(pid):
         try:
             with open(f"/proc/{child}/cmdline", "rb") as fh:
-                if b"evaluator.worker" in fh.read():
+                if b"evaluator.containment.worker" in fh.read():
                     found.append(child)
         except OSError:
             pass

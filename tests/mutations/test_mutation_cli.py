@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from evolve import cli_mutations
-from evolve.cli_common import add_command
+from evolve.cli import mutations as cli_mutations
+from evolve.cli.common import add_command
 from mutations import all_operators, read_tunables
 
 from .kernel_check import SEED_PATH

@@ -151,7 +151,7 @@ def test_an_approximate_reciprocal_passes_the_precision_bar_on_any_draw(judge):
     # ratio of 0.7-3.3 across secret draws, scripts/precision_spread.py), within 1.3x at its 99th
     # percentile and in the mean,
     # which is what the judge's bar reads. Causal and full attention alike pass, on this judge's
-    # secret draw (tests/evaluator/test_secret_inputs.py judges such a chain on five draws).
+    # secret draw (tests/evaluator/correctness/test_secret_inputs.py judges such a chain on five draws).
     for causal in (True, False):
         task = SMALL[causal]
         result = replay(seed_source(), [Edit("deferred_norm"), Edit("approx_reciprocal")], task)

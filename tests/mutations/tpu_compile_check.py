@@ -21,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from evaluator.timing.compiler_estimate import read_cycles  # noqa: E402
+from evaluator.figure.timing.compiler_estimate import read_cycles  # noqa: E402
 
 _WORKER = r"""
 import functools, importlib.util, os, sys

@@ -90,7 +90,7 @@ def test_a_split_kv_combine_that_drops_the_last_split_fails_correctness(verdicts
 
 def test_skipping_compute_on_the_lengths_is_counted_on_the_timing_input(verdicts):
     """A branch on the lengths (compute skipped past each one): counted on the timing input's
-    lengths (evaluator/trips.py), so it is cheaper than the kernel that computes every block."""
+    lengths (evaluator/figure/trips.py), so it is cheaper than the kernel that computes every block."""
     r, naive = verdicts["skip_compute"], verdicts["naive"]
     assert r.status == Status.PASS, (r.status, r.error)
     assert r.metrics.estimated_cycles < naive.metrics.estimated_cycles

@@ -43,13 +43,13 @@ def run(where: Path, *argv: str, cwd: Path) -> subprocess.CompletedProcess:
 
 def test_a_timing_source_is_one_class_and_one_line(tmp_path, monkeypatch):
     from evaluator.judge import Judge, JudgeConfig
-    from evaluator.timing import timing_choices
+    from evaluator.figure.timing import timing_choices
     from evaluator.result import Status
     from seeds import load_seed
 
     where = install(tmp_path / "site", {"pallas_evolve.timing": {"twice": "my_timing:Twice"}}, {"my_timing.py": '''
         import dataclasses
-        from evaluator.timing.compiler_estimate import CompilerEstimate
+        from evaluator.figure.timing.compiler_estimate import CompilerEstimate
 
         class Twice(CompilerEstimate):
             """The compiler estimate, doubled (a stand-in for a new way of timing)."""
@@ -162,7 +162,7 @@ def test_an_operator_is_one_module_and_one_test_file(tmp_path):
 
 @pytest.mark.parametrize("family", ["operators", "seeds", "timing", "executors", "strategies"])
 def test_every_family_is_one_registry_style(family):
-    from evaluator.timing import TIMING_SOURCES
+    from evaluator.figure.timing import TIMING_SOURCES
     from evolve.executor import EXECUTORS
     from evolve.strategies import STRATEGIES
     from mutations.registry import OPERATORS

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from evaluator import jail
+from evaluator.containment import jail
 from evaluator import judge as judge_module
 from evaluator.judge import Judge, JudgeConfig
 from evaluator.result import Status
-from evaluator.screen import ScreenResult
+from evaluator.containment.screen import ScreenResult
 from seeds.flash_attention.task import AttentionTask
 from tests.judging import judge_all
 
@@ -41,7 +41,7 @@ EXPECTED = {
     "c2_pickle_payload": (Status.FAIL_TRACE, "not plain jaxpr data"),
     "c3_escape_files": (Status.PASS, ""),
     "c4_pure_callback": (Status.FAIL_TRACE, "host callback"),
-    # Loops and branches on data are counted on the timing input (evaluator/trips.py): scored by
+    # Loops and branches on data are counted on the timing input (evaluator/figure/trips.py): scored by
     # the work they do (COUNTED below), not refused and never cheaper than it.
     "c5_when_on_prefetched_flag": (Status.PASS, ""),
     "c5_xla_loop_over_heads": (Status.FAIL_TIMING, "xla_loop"),

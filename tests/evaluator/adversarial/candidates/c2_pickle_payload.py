@@ -14,7 +14,8 @@ class _Payload:
         return (os.system, ("touch /tmp/pallas-evolve-adversarial-marker-pickle",))
 
 
-_wire = sys.modules["evaluator.wire"] if "evaluator.wire" in sys.modules else __import__("evaluator.wire").wire
+_WIRE = "evaluator.program.wire"
+_wire = sys.modules[_WIRE] if _WIRE in sys.modules else __import__(_WIRE).program.wire
 _wire.dumps = lambda closed: pickle.dumps(_Payload())
 
 

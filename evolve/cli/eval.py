@@ -1,0 +1,137 @@
+"""`evolve eval PATH`: judge one kernel file against the seed's task."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from evaluator.chips import CHIPS
+from evaluator.result import EvalResult
+from evolve.cli.common import Command, add_json_alias, print_json
+from evolve.errors import UsageError
+
+
+def load_seed_arg(name_or_path: str):
+    from seeds import SeedError, load_seed
+
+    try:
+        return load_seed(name_or_path)
+    except SeedError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def task_from_args(args: argparse.Namespace, default_seed: str = "flash_attention"):
+    """The task the shared task flags (cli.common.task_parser) name; what is not given, the defaults
+    (``default_seed`` on its seed's default chip). Sets ``args.seed`` and ``args.chip`` to what was used."""
+    from evolve.config import TaskConfig
+
+    args.seed = args.seed or default_seed
+    args.chip = args.chip or load_seed_arg(args.seed).task_class.default_chip
+    if args.chip not in CHIPS:
+        raise UsageError(f"unknown chip {args.chip!r}; use --chip with one of: {', '.join(CHIPS)}")
+    return TaskConfig(seed=args.seed, shape=args.shape, causal=args.causal, dtype=args.dtype,
+                      chips=args.chips).task()
+
+
+def start_from_args(args: argparse.Namespace, seed, path: str | None = None):
+    """The kernel a command starts from (evolve/start.py): its FILE argument ``path`` or
+    ``--start``, not both; neither: the seed's own kernel."""
+    from evolve.start import resolve_start
+
+    if path and args.start:
+        raise UsageError(f"two kernels given ({path} and --start {args.start}); give a FILE or --start, not both")
+    return resolve_start(path, seed, file=True) if path else resolve_start(args.start, seed)
+
+
+def check_tiling(source: str, task) -> None:
+    """Refuse at once a shape the kernel's tunables cannot tile (bad input, not a bad kernel); the
+    rule is the seed's task's."""
+    from mutations import read_tunables
+
+    try:
+        consts = read_tunables(source)
+    except Exception:  # noqa: BLE001 - an unparsable source is the screen's business
+        consts = {}
+    problem = task.tiling_problem(consts)
+    if problem:
+        raise UsageError(problem)
+
+
+def format_table(result: EvalResult, path: str, task) -> str:
+    d = result.to_dict()
+    m = result.metrics
+
+    def fmt(value, unit="", scale=1.0, digits=4):
+        return "-" if value is None else f"{value * scale:.{digits}g}{unit}"
+
+    rows = [
+        ("kernel", path), ("task", task.key),
+        ("status", d["status"]), ("error", d["error"] or "-"),
+        ("timing source", f"{d['timing_source']} (chip {d['chip']}, libtpu {d['libtpu_version']}, "
+                          f"jax {d['jax_version']})"),
+        ("latency", fmt(m.latency_s, " us", 1e6) + (f" on {m.chips} chips" if (m.chips or 1) > 1 else "")),
+        ("reference latency", fmt(m.reference_latency_s, " us", 1e6)
+         + (" (the task's XLA program, on one chip)" if getattr(task, "chips", 1) > 1 else "")),
+        ("speedup vs reference", fmt(m.speedup_vs_reference, "x", digits=3)),
+        ("estimated cycles", "-" if m.estimated_cycles is None else f"{m.estimated_cycles:,}"),
+        ("effective TFLOP/s", fmt(m.tflops, digits=3)),
+        ("MXU utilisation", fmt(m.mxu_util, "%", 100, 3)),
+        ("HBM bandwidth utilisation", fmt(m.hbm_util, "%", 100, 3) + (" per chip" if (m.chips or 1) > 1 else "")),
+        ("regime", m.regime or "-"),
+        ("VMEM used", "-" if m.vmem_bytes is None else f"{m.vmem_bytes / 1024:.0f} KiB"),
+        ("copy trap", "-" if m.copy_trap is None else ("yes" if m.copy_trap else "no")),
+        ("max abs error", fmt(m.max_abs_error, digits=3)
+         + f" (the task's XLA program: {fmt(m.reference_max_abs_error, digits=3)})"),
+        ("jailed trace + export", fmt(m.sandbox_time_s, " s", digits=3)),
+        ("compile time", fmt(m.compile_time_s, " s", digits=3)),
+        ("correctness run", fmt(m.correctness_time_s, " s", digits=3)),
+        ("evaluation wall time", f"{result.wall_time_s:.1f} s"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+class EvalCommand(Command):
+    name = "eval"
+    help = "judge one kernel file against the seed's task"
+    parents = ("format", "task", "timing", "start")
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("path", nargs="?", default=None,
+                            help="a kernel file defining the seed's entry point (flash_attention(q, k, v, "
+                                 "*, causal, sm_scale) for the default seed); or name it with --start")
+        add_json_alias(parser, help="print one JSON object instead of a table (the same as --format json)")
+
+    def take_action(self, args: argparse.Namespace) -> int:
+        from evaluator.judge import Judge
+        from evolve.config import JudgeSettings
+
+        task = task_from_args(args)
+        wanted = f"defines the seed's entry point {task.entry}({', '.join(task.input_names)}, ...)"
+        if not args.path and not args.start:
+            raise UsageError(f"a kernel is required: give the path of a Python file that {wanted}, or "
+                             "--start MODULE_OR_FILE")
+        if args.path and not Path(args.path).is_file():
+            raise UsageError(f"no kernel file at {args.path}; give the path of a Python file that {wanted}")
+        start = start_from_args(args, load_seed_arg(args.seed), args.path)
+        source, shown = start.source, args.path or start.label
+        try:
+            compile(source, start.path, "exec")
+        except (SyntaxError, ValueError) as exc:
+            where = f" (line {exc.lineno})" if getattr(exc, "lineno", None) else ""
+            raise UsageError(f"{shown} is not Python{where}; give the path of a Python file that "
+                             f"{wanted}") from None
+        check_tiling(source, task)
+        try:
+            judge = Judge(JudgeSettings(chip=args.chip, timing=args.timing or "auto").judge_config())
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        result = judge.evaluate(source, task)
+        if args.format == "json":
+            print_json({**result.to_dict(), "start": start.record()}, indent=None)
+        else:
+            print(format_table(result, shown, task))
+        return 0 if result.ok else 1
+
+
+COMMANDS = (EvalCommand,)

@@ -1,0 +1,36 @@
+"""`evolve seeds`: the built-in seeds, each with what it computes and its default task."""
+
+from __future__ import annotations
+
+import argparse
+
+from evolve.cli.common import Command
+
+
+class SeedsCommand(Command):
+    name = "seeds"
+    help = "list the seeds known by name (built in, or from installed packages) and their default tasks"
+
+    def take_action(self, args: argparse.Namespace) -> int:
+        from evolve.start import declared_starts, installed_version
+        from seeds import builtin_seeds, load_seed
+
+        for name in builtin_seeds():
+            seed = load_seed(name)
+            task = seed.default_task()
+            print(f"{name}\n  {seed.description}\n  default task: {task.key}\n"
+                  f"  --shape grammar: {seed.task_class.shape_grammar}; entry point: "
+                  f"{seed.task_class.entry}({', '.join(seed.task_class.input_names)}, ...)\n"
+                  f"  directory: {seed.directory}")
+            for short, module in declared_starts(seed).items():
+                distribution, version = installed_version(module)
+                where = f"{distribution} {version} installed" if distribution else "not installed"
+                print(f"  start {short}: {module} ({where}); --start {short}")
+        print("\nA run may start from any other kernel too: --start MODULE_OR_FILE (an importable module, "
+              "read from its installed package, or a file); the seed's task judges it.")
+        print("Any other seed: a directory with task.py and kernel.py, passed as --seed PATH "
+              "(see 'The seed contract' in the README).")
+        return 0
+
+
+COMMANDS = (SeedsCommand,)

@@ -1,0 +1,142 @@
+"""The sandbox against children that misbehave (RELIABILITY.md 1-6), with real processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import textwrap
+import time
+
+from evaluator.judge import Judge
+from evaluator.result import Status
+from evaluator.containment.sandbox import Limits, run_child
+from tests.procs import alive
+
+PROTOCOL = textwrap.dedent("""
+    import json, os
+    _fh = os.fdopen(int(os.environ["PALLAS_EVOLVE_PROTOCOL_FD"]), "w", buffering=1)
+    def stage(name):
+        _fh.write(json.dumps({"event": "stage", "stage": name}) + "\\n")
+""")
+
+
+def run_script(tmp_path, body: str, budget: float = 20.0, **limits):
+    script = tmp_path / "child.py"
+    script.write_text(PROTOCOL + textwrap.dedent(body))
+    return run_child([sys.executable, str(script)], cwd=str(tmp_path), env={"PATH": os.environ["PATH"]},
+                     budgets={"work": budget}, default_budget=budget, limits=Limits(**limits))
+
+
+def test_a_hang_in_native_code_is_killed_from_outside_within_budget(tmp_path):
+    start = time.monotonic()
+    out = run_script(tmp_path, """
+        import ctypes, signal
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        stage("work")
+        ctypes.CDLL(None).sleep(600)   # native code: no Python signal handler runs here
+    """, budget=2.0)
+    assert out.timed_out_stage == "work"
+    assert time.monotonic() - start < 2.0 + 5.0
+
+
+def test_a_fork_leaves_no_process_behind(tmp_path):
+    pids = tmp_path / "pids"
+    out = run_script(tmp_path, f"""
+        import os, time
+        stage("work")
+        for i in range(8):
+            pid = os.fork()
+            if pid == 0:
+                if i % 2:
+                    os.setsid()          # try to leave the process group
+                time.sleep(600)
+                os._exit(0)
+            with open({str(pids)!r}, "a") as fh:
+                fh.write(f"{{pid}}\\n")
+        time.sleep(600)
+    """, budget=3.0)
+    assert out.timed_out_stage == "work"
+    children = [int(p) for p in pids.read_text().split()]
+    assert len(children) == 8
+    time.sleep(0.2)
+    assert not [p for p in children if alive(p)]
+
+
+def test_a_child_that_forks_and_exits_leaves_nothing_behind(tmp_path):
+    pids = tmp_path / "pids"
+    run_script(tmp_path, f"""
+        import os, time
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(600)
+            os._exit(0)
+        open({str(pids)!r}, "w").write(str(pid))
+    """)
+    time.sleep(0.2)
+    assert not alive(int(pids.read_text()))
+
+
+def test_a_segfault_is_reported_with_its_signal_and_the_parent_lives(tmp_path):
+    out = run_script(tmp_path, """
+        import ctypes
+        stage("work")
+        ctypes.string_at(0)
+    """)
+    assert out.signal == signal.SIGSEGV
+    status, stage, error = Judge()._failure(out)
+    assert status is Status.CRASH and stage == "work" and "SIGSEGV" in error
+
+
+def test_allocating_past_the_memory_limit_is_out_of_memory(tmp_path):
+    out = run_script(tmp_path, """
+        stage("work")
+        try:
+            block = bytearray(3 << 30)
+        except MemoryError as exc:
+            import json, os
+            _fh.write(json.dumps({"event": "error", "stage": "work", "kind": "MemoryError",
+                                  "message": "MemoryError"}) + "\\n")
+            raise
+    """, memory_bytes=2 << 30)
+    status, _, _ = Judge()._failure(out)
+    assert status is Status.OOM
+
+
+def test_a_flood_of_output_is_cut_and_stdin_is_empty(tmp_path):
+    out = run_script(tmp_path, """
+        import sys
+        got = sys.stdin.read()
+        print("stdin:%r" % got, flush=True)
+        chunk = "x" * (1 << 20)
+        for _ in range(100):
+            sys.stdout.write(chunk)
+        print("THE END")
+    """, max_output_bytes=32 << 10)
+    assert out.returncode == 0
+    assert "stdin:''" in out.output
+    assert out.output.rstrip().endswith("THE END")
+    assert len(out.output) < 40 << 10
+    assert out.output_dropped_bytes > 99 << 20
+
+
+def test_the_environment_is_scrubbed(tmp_path, monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "hunter2")
+    secret = tmp_path / "secret"
+    run_script(tmp_path, f"""
+        import os
+        open({str(secret)!r}, "w").write(os.environ.get("AWS_SECRET_ACCESS_KEY", "none"))
+    """)
+    assert secret.read_text() == "none"
+
+
+def test_announcing_new_stages_forever_does_not_buy_more_time(tmp_path):
+    start = time.monotonic()
+    out = run_script(tmp_path, """
+        import time, itertools
+        for i in itertools.count():
+            stage(f"stage{i}")   # every new stage would reset a per-stage deadline
+            time.sleep(0.5)
+    """, budget=1.0)
+    assert out.timed_out_stage is not None
+    assert time.monotonic() - start < 2 * 1.0 + 5.0   # default + the one named budget, in all

@@ -1,0 +1,72 @@
+"""`evolve eval`: a table or one JSON object; bad arguments get one line and exit status 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+SEED = ROOT / "seeds" / "flash_attention" / "kernel.py"
+DECODE = ROOT / "seeds" / "flash_decoding" / "kernel.py"
+FOUR_CHIPS = ROOT / "tests" / "mutations" / "expected" / "chip_split__flash_decoding@4chips__combine=gather.py"
+
+
+def evolve(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "evolve", *args], capture_output=True, text=True,
+                          cwd=cwd or ROOT, timeout=600)
+
+
+def test_eval_json_has_the_promised_keys():
+    r = evolve("eval", str(SEED), "--shape", "B=1,H=2,N=256,D=128", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    for key in ("status", "error", "latency_s", "speedup_vs_reference", "timing_source", "chip",
+                "vmem_bytes", "max_abs_error", "tflops", "mxu_util"):
+        assert key in out
+    assert out["status"] == "PASS" and out["timing_source"] == "compiler_estimate+hbm+trips"
+
+
+def test_eval_judges_a_per_chip_kernel_on_a_four_chip_task():
+    r = evolve("eval", str(FOUR_CHIPS), "--seed", "flash_decoding", "--chips", "4",
+               "--shape", "B=2,H=4,HKV=2,N=8192,D=128", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["status"] == "PASS" and out["chips"] == 4, out["error"]
+    assert out["timing_source"] == "compiler_estimate+hbm+trips+ici_model"
+
+
+def test_eval_table_names_its_timing_source():
+    r = evolve("eval", str(SEED), "--shape", "H=1,N=256", "--no-causal", "--chip", "v6e")
+    assert r.returncode == 0, r.stderr
+    assert "compiler_estimate+hbm+trips (chip v6e, libtpu" in r.stdout
+    assert "speedup vs reference" in r.stdout
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["eval", "no/such/kernel.py"], "no kernel file"),
+    (["eval", str(SEED), "--chip", "v9x"], "unknown chip"),
+    (["eval", str(SEED), "--shape", "B=1,Q=3"], "bad shape item"),
+    (["eval", str(SEED), "--shape", "N=-4"], "must be positive"),
+    (["eval", str(SEED), "--shape", "N=200"], "cannot be tiled"),
+    (["eval", str(SEED), "--dtype", "int8"], "dtype"),
+    (["eval", "/etc/passwd"], "is not Python"),
+    (["eval", str(ROOT / "README.md")], "is not Python"),
+    (["eval", str(SEED), "--chips", "4"], "runs on 1 chip(s), not --chips 4"),
+    (["eval", str(DECODE), "--seed", "flash_decoding", "--chips", "3"], "not --chips 3; use --chips 4"),
+    (["eval", str(DECODE), "--seed", "flash_decoding", "--chips", "4", "--shape", "N=384"],
+     "does not split over 4 chips"),
+    (["eval", str(FOUR_CHIPS), "--seed", "flash_decoding"], "uses CHIPS=4, but the task has 1 chip(s)"),
+    (["eval", "--chips", "x", str(SEED)], "invalid int value"),
+    (["eval"], "required"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_bad_arguments_get_one_line_and_exit_2(args, fragment):
+    r = evolve(*args)
+    assert r.returncode == 2
+    assert r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0], r.stderr
