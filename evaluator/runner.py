@@ -168,65 +168,19 @@ def _llo_dir():
 
 
 def _count_trips(closed, counting, counted_sets, device, specs) -> dict:
-    """The figure of a kernel whose work depends on its data, counted on every input set:
-    loops and branches by static variants (trips.py), every variant compiled for the chip and its
-    estimate read (the program's own profiles are kept aside, ``llo_static``; a variant two sets
-    share is compiled once); the kernels' own DMAs by the bytes they moved (dmas.py). The facts are
-    the timing input's (the first set), with every set's in ``sets``: the estimate's figure is the
-    slowest (``timing/compiler_estimate.py``). They name every site, variant and DMA."""
-    import time
-
+    """The figure of a kernel whose work depends on its data, counted on every input set
+    (``trips.count_figures``), its variants compiled here for the chip."""
     import jax
     from jax.sharding import SingleDeviceSharding
 
-    from evaluator.figure import dmas, trips
-    from evaluator.figure.timing.compiler_estimate import read_cycles
+    from evaluator.figure import trips
 
-    t0 = time.perf_counter()
     llo = _llo_dir()
     if llo is None:
         return {"error": "no static profile directory: the counted figure needs the compiler estimate"}
-    import gc
-
-    jax.clear_caches()    # the interpreted programs are done with: their executables hold memory
-    gc.collect()          # the variants' compiles need (RLIMIT_AS, evaluator/containment/sandbox.py Limits)
     args = [jax.ShapeDtypeStruct(s, d, sharding=SingleDeviceSharding(device)) for s, d in specs]
-
-    compiled: dict[tuple, int] = {}
-
-    def estimate(choice) -> int:
-        key = tuple(sorted(choice.items()))
-        if key in compiled:
-            return compiled[key]
-        for path in llo.glob("*") if llo.is_dir() else ():
-            path.unlink()
-        jax.jit(trips.variant_program(closed, choice)).lower(*args).compile()
-        cycles, why = read_cycles(llo)
-        if cycles is None:
-            raise trips.Uncountable(f"a variant has no estimate: {why}")
-        compiled[key] = cycles
-        return cycles
-
-    found = trips.kernel_sites(closed)
-    static = None
-    if any(found):
-        llo.rename(llo.with_name("llo_static"))
-    else:                 # no loop or branch on data: the program's own estimate stands
-        static = read_cycles(llo)
-    sets = []
-    for counted in counted_sets:
-        try:
-            counts = [jax.device_get(c) for c in counted]
-            facts = dmas.counted(counting.dmas, trips.dma_starts(found, counts))
-            if static is None:
-                facts |= trips.figure(found, counts, estimate)
-            else:
-                facts |= {"cycles": static[0]} if static[0] is not None else {"error": static[1]}
-        except trips.Uncountable as exc:
-            facts = {"error": str(exc)}
-        sets.append(facts)
-    first = dict(sets[0]) if sets else {"error": "no input set was counted"}
-    return first | {"sets": sets, "variants_compiled": len(compiled), "trips_time_s": time.perf_counter() - t0}
+    return trips.count_figures(closed, counting, counted_sets, llo,
+                               lambda choice: jax.jit(trips.variant_program(closed, choice)).lower(*args).compile())
 
 
 def _lower_for_the_chip(req: dict) -> None:

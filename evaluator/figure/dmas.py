@@ -31,7 +31,7 @@ from jax._src.interpreters import mlir
 
 from evaluator.program.jaxpr_tools import find
 
-# The marker: an identity on a scalar, whose only purpose is to be counted by trips.count_eval.
+# The marker: an identity on a scalar, whose only purpose is to be counted by counting.count_eval.
 MARK = jcore.Primitive("pallas_evolve_dma_mark")
 MARK.def_impl(lambda x, *, slot: x)
 MARK.def_abstract_eval(lambda x, *, slot: x)

@@ -16,22 +16,21 @@ changes at the next step or at the last step (the Pallas TPU pipeline's rule; bl
 edge are clipped; an output declared ``RevisitMode.ANY`` is also read back when the walk returns to
 a block it wrote).
 
-Index maps are evaluated as the chip evaluates them: every ``arith`` op wraps to its type's width
-(int32 index arithmetic that overflows wraps, as it does on the chip and in the interpreter),
-unsigned ops and compares read their operands as unsigned, truncations truncate and extensions
-extend by their kind. Element windows (``pl.Element``: the map gives element offsets into the
-padded array) are modelled; any other window kind is refused by name. A block index out of range is
-clamped, as the interpreter's slice clamps it: a block is never free.
+Index maps are evaluated as the chip evaluates them (``index_maps.py``: int32 arithmetic that
+wraps, unsigned ops by their kind). Element windows (``pl.Element``: the map gives element offsets
+into the padded array) are modelled; any other window kind is refused by name. A block index out
+of range is clamped, as the interpreter's slice clamps it: a block is never free.
 
 Index maps that read scalar-prefetch operands (e.g. a block index clamped to a sequence's length)
-are evaluated on the real values of the judge's timing input when the operand is an argument of
-the program; otherwise every step is counted as a fetch (an upper bound) and a note says so.
+are evaluated on the real values of an input set when the operand is an argument of the program
+(the runner evaluates every set's where the bytes follow the data, and the figure is the slowest
+set's); otherwise every step is counted as a fetch (an upper bound) and a note says so.
 Around the kernels, XLA's own cost analysis gives the bytes the other ops move.
 
 Not modelled here (and said so in a note): operands left in HBM (``memory_space=ANY``) and moved
-by the kernel's own DMAs (the runner counts those on the timing input, ``dmas.py``, where it has
-an interpreted run; without one the figure is refused); index maps using ops outside the small
-integer set below (counted as a fetch every step).
+by the kernel's own DMAs (the runner counts those on every input set, ``dmas.py``, where it has
+an interpreted run; without one the figure is refused); index maps using ops outside the integer
+set of ``index_maps.py`` (counted as a fetch every step).
 """
 
 from __future__ import annotations
@@ -43,6 +42,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from evaluator.figure.index_maps import walk_index_map
 from evaluator.program.kernel_audit import KernelUnreadable, mosaic_module, walk_ops
 
 _ITEMSIZE = {"bf16": 2, "f16": 2, "f32": 4, "f64": 8, "i1": 1, "i8": 1, "i16": 2, "i32": 4, "i64": 8,
@@ -204,7 +204,7 @@ def _kernel_bytes(module, operands, results, input_value) -> tuple[int, list[str
             notes.append(f"{kind} {i}: index map not walked; counted as a fetch at every step (upper bound)")
             total += steps * block_bytes(None)
             continue
-        indices, why = _walk_index_map(fn, grid, prefetch)
+        indices, why = walk_index_map(fn, grid, prefetch)
         if indices is None:
             notes.append(f"{kind} {i}: {why}; counted as a fetch at every step (upper bound)")
             total += steps * block_bytes(None)
@@ -301,151 +301,3 @@ def _transfers(indices: list[tuple], block_bytes, *, output: bool, revisit_any: 
         elif s == 0 or indices[s - 1] != index:
             total += block_bytes(index)
     return total
-
-
-def _walk_index_map(fn, grid, prefetch) -> tuple[list[tuple] | None, str]:
-    """The block index of every grid step, in the pipeline's order; or None and why not."""
-    program = _compile(fn, len(grid))
-    if isinstance(program, str):
-        return None, program
-    out = []
-    for step in np.ndindex(*grid) if grid else [()]:
-        try:
-            out.append(program(step, prefetch))
-        except _Unknown as exc:
-            return None, str(exc)
-    return out, ""
-
-
-class _Unknown(Exception):
-    pass
-
-
-# ---- index arithmetic as the chip does it ---------------------------------------------------------
-# Values are Python ints held in their type's two's-complement range (an i1 as 0 or 1); every op
-# wraps its result to its width, signed ops read their operands as signed and unsigned ones as
-# unsigned, as Mosaic lowers ``arith`` (an ``index`` is 64 bits wide).
-def _wrap(v: int, width: int) -> int:
-    if width == 1:
-        return v & 1
-    v &= (1 << width) - 1
-    return v - (1 << width) if v >> (width - 1) else v
-
-
-def _unsigned(v: int, width: int) -> int:
-    return v & ((1 << width) - 1)
-
-
-def _width(value_type) -> int:
-    from jaxlib.mlir import ir
-
-    if isinstance(value_type, ir.IndexType) or str(value_type) == "index":
-        return 64
-    try:
-        return ir.IntegerType(value_type).width
-    except (ValueError, TypeError):
-        raise _Unknown(f"a value of type {value_type} in an index map") from None
-
-
-def _nonzero(b: int) -> int:
-    return b if b else _fail("division by zero")
-
-
-def _tdiv(a: int, b: int) -> int:
-    q = abs(a) // abs(_nonzero(b))
-    return q if (a < 0) == (b < 0) else -q
-
-
-def _shift(b: int, w: int) -> int:
-    return b if 0 <= b < w else _fail(f"a shift by {b} of a {w}-bit value (poison)")
-
-
-# name -> f(a, b, width) on wrapped operands; the result is wrapped to the width afterwards.
-_BINARY = {
-    "arith.addi": lambda a, b, w: a + b, "arith.subi": lambda a, b, w: a - b, "arith.muli": lambda a, b, w: a * b,
-    "arith.divsi": lambda a, b, w: _tdiv(a, b),
-    "arith.divui": lambda a, b, w: _unsigned(a, w) // _nonzero(_unsigned(b, w)),
-    "arith.floordivsi": lambda a, b, w: a // _nonzero(b),
-    "arith.ceildivsi": lambda a, b, w: -(-a // _nonzero(b)),
-    "arith.ceildivui": lambda a, b, w: -(-_unsigned(a, w) // _nonzero(_unsigned(b, w))),
-    "arith.remsi": lambda a, b, w: a - b * _tdiv(a, b),
-    "arith.remui": lambda a, b, w: _unsigned(a, w) % _nonzero(_unsigned(b, w)),
-    "arith.minsi": lambda a, b, w: min(a, b), "arith.maxsi": lambda a, b, w: max(a, b),
-    "arith.minui": lambda a, b, w: min(a, b, key=lambda x: _unsigned(x, w)),
-    "arith.maxui": lambda a, b, w: max(a, b, key=lambda x: _unsigned(x, w)),
-    "arith.andi": lambda a, b, w: a & b, "arith.ori": lambda a, b, w: a | b, "arith.xori": lambda a, b, w: a ^ b,
-    "arith.shli": lambda a, b, w: a << _shift(_unsigned(b, w), w),
-    "arith.shrsi": lambda a, b, w: a >> _shift(_unsigned(b, w), w),
-    "arith.shrui": lambda a, b, w: _unsigned(a, w) >> _shift(_unsigned(b, w), w),
-}
-# arith.cmpi predicates: (compare, unsigned?)
-_CMP = {0: (lambda a, b: a == b, False), 1: (lambda a, b: a != b, False), 2: (lambda a, b: a < b, False),
-        3: (lambda a, b: a <= b, False), 4: (lambda a, b: a > b, False), 5: (lambda a, b: a >= b, False),
-        6: (lambda a, b: a < b, True), 7: (lambda a, b: a <= b, True), 8: (lambda a, b: a > b, True),
-        9: (lambda a, b: a >= b, True)}
-# Casts: zero-extending ones read their operand as unsigned; the rest sign-extend or truncate.
-_CASTS = {"arith.index_cast": False, "arith.extsi": False, "arith.trunci": False,
-          "arith.index_castui": True, "arith.extui": True}
-
-
-def _fail(why: str):
-    raise _Unknown(why)
-
-
-def _compile(fn, n_grid: int):
-    """A Python closure evaluating an index-map function as the chip would; or a string saying
-    why it cannot."""
-    from jaxlib.mlir import ir
-
-    block = fn.regions[0].blocks[0]
-    args = list(block.arguments)
-    ops = [op.operation for op in block.operations]
-    for op in ops:
-        if op.regions:
-            return f"its index map has control flow ({op.name})"
-        if not (op.name in _BINARY or op.name in _CASTS or op.name in ("arith.constant", "arith.cmpi",
-                                                                          "arith.select", "memref.load",
-                                                                          "func.return")):
-            return f"its index map uses {op.name}, which the model does not evaluate"
-
-    def run(step, prefetch):
-        env = {}
-        for i, a in enumerate(args[:n_grid]):
-            env[a] = _wrap(int(step[i]), _width(a.type))
-        for j, a in enumerate(args[n_grid:]):
-            env[a] = prefetch[j] if j < len(prefetch) else None
-        for op in ops:
-            name = op.name
-            if name == "func.return":
-                return tuple(int(env[v]) for v in op.operands)
-            vals = [env.get(v) for v in op.operands]
-            if name == "arith.constant":
-                value = op.attributes["value"]
-                result = int(value.value) if isinstance(value, ir.IntegerAttr) else _fail(
-                    "a non-integer constant in an index map")
-            elif name == "memref.load":
-                ref, idx = vals[0], vals[1:]
-                if ref is None:
-                    _fail("its index map reads a scalar-prefetch value the model does not know")
-                array = np.asarray(ref)
-                where = tuple(int(i) for i in idx)
-                if any(not 0 <= i < n for i, n in zip(where, array.shape, strict=False)):
-                    _fail(f"its index map reads scalar-prefetch element {where} of an array of shape {array.shape}")
-                result = int(array[where])
-            elif any(v is None for v in vals):
-                _fail(f"{name} of an unknown value")
-            elif name in _BINARY:
-                result = _BINARY[name](vals[0], vals[1], _width(op.operands[0].type))
-            elif name in _CASTS:
-                result = _unsigned(vals[0], _width(op.operands[0].type)) if _CASTS[name] else vals[0]
-            elif name == "arith.cmpi":
-                compare, unsigned = _CMP[int(ir.IntegerAttr(op.attributes["predicate"]).value)]
-                w = _width(op.operands[0].type)
-                a, b = (_unsigned(vals[0], w), _unsigned(vals[1], w)) if unsigned else (vals[0], vals[1])
-                result = int(compare(a, b))
-            else:   # arith.select
-                result = vals[1] if vals[0] else vals[2]
-            env[op.results[0]] = _wrap(result, _width(op.results[0].type))
-        _fail("its index map has no return")
-
-    return run

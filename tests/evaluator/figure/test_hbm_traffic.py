@@ -191,7 +191,7 @@ def test_an_out_of_range_block_is_never_free():
 
 
 def test_unsigned_and_truncating_ops_follow_their_types():
-    from evaluator.figure import hbm_traffic as h
+    from evaluator.figure import index_maps as h
 
     assert h._wrap(2 ** 32 + 5, 32) == 5 and h._wrap(2 ** 31, 32) == -2 ** 31 and h._wrap(3, 1) == 1
     assert h._BINARY["arith.divui"](-1, 2, 32) == (2 ** 32 - 1) // 2          # -1 read as 2**32 - 1
