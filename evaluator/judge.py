@@ -12,7 +12,7 @@ This module is the pipeline; each concern it calls on has a module of its own:
 * ``timing/``: the timing sources, which say what they can count, cache and prune.
 
 The reference, the inputs, the comparison and the verdict stay in this process. A judge runs
-one candidate per call; parallelism is the executor's (``evolve/executor.py``).
+one candidate per call; parallelism is the executor's (``evolve/executors/base.py``).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from evaluator.judge import Judge
 from evaluator.result import EvalResult
-from evolve.executor import Executor, LocalExecutor
+from evolve.executors.base import Executor, LocalExecutor
 from mutations import Edit, all_operators
 from mutations._replay import replay_applicable
 

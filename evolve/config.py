@@ -121,7 +121,7 @@ class JudgeSettings:
     timing: str = "auto"
     workers: int = 0                # 0: one per core (per Ray: the cluster's cores, or its TPU chips)
     peers: bool = True              # judge JAX's tuned kernel side by side with the champion
-    executor: str = "local"         # where candidates are judged: "local" or "ray" (evolve/executor.py)
+    executor: str = "local"         # where candidates are judged: "local" or "ray" (evolve/executors/base.py)
     # The Ray cluster to join (HOST:PORT or "auto"); "": $RAY_ADDRESS, else a Ray started for the run.
     ray_address: str = ""
 
@@ -138,7 +138,7 @@ class JudgeSettings:
     def __post_init__(self) -> None:
         from evaluator.chips import CHIPS
         from evaluator.figure.timing import timing_choices
-        from evolve.executor import EXECUTORS
+        from evolve.executors.base import EXECUTORS
 
         if self.executor not in EXECUTORS:
             raise UsageError(f"unknown executor {self.executor!r}; use --executor with one of: "

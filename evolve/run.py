@@ -24,7 +24,7 @@ from evaluator.result import EvalResult, Status
 from evaluator.versions import versions
 from evolve.config import RunConfig
 from evolve.individual import Individual
-from evolve.executor import Executor, open_executor
+from evolve.executors.base import Executor, open_executor
 from evolve.search import Search
 from evolve.start import resolve_start
 from evolve.strategies import strategy_class

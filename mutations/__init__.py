@@ -8,7 +8,7 @@ replayable :class:`Edit`, so an edit history can be re-applied to the seed (:fun
 
 from . import registry
 from ._base import Applicability, Edit, MutationResult, NotApplicable, Operator
-from ._block_sizes import block_values, legal_values
+from .tuning.block_sizes import block_values, legal_values
 from ._replay import replay
 from ._tunables import read_tunables
 from .registry import all_operators, get_operator, operator_names

@@ -15,21 +15,21 @@ from seeds.registry import Registry
 from ._base import Operator
 
 OPERATORS = Registry("operators", {
-    "block_sizes": "mutations._block_sizes:BlockSizes",
-    "compact_scratch": "mutations._compact_scratch:CompactScratch",
-    "deferred_norm": "mutations._deferred_norm:DeferredNormalisation",
-    "causal_skip": "mutations._causal_skip:CausalSkip",
-    "head_coarsening": "mutations._head_coarsening:HeadCoarsening",
-    "vmem_limit": "mutations._vmem_limit:VmemLimit",
-    "exp2_softmax": "mutations._exp2_softmax:Exp2Softmax",
-    "diagonal_strips": "mutations._diagonal_strips:DiagonalStrips",
-    "approx_reciprocal": "mutations._approx_reciprocal:ApproxReciprocal",
-    "length_skip": "mutations._length_skip:LengthSkip",
-    "grouped_heads": "mutations._grouped_heads:GroupedHeads",
-    "split_kv": "mutations._split_kv:SplitKV",
-    "dimension_semantics": "mutations._dimension_semantics:DimensionSemantics",
-    "chip_split": "mutations._chip_split:ChipSplit",
-    "copies_in_need": "mutations._copies_in_need:CopiesInNeed",
+    "block_sizes": "mutations.tuning.block_sizes:BlockSizes",
+    "compact_scratch": "mutations.attention.compact_scratch:CompactScratch",
+    "deferred_norm": "mutations.attention.deferred_norm:DeferredNormalisation",
+    "causal_skip": "mutations.attention.causal_skip:CausalSkip",
+    "head_coarsening": "mutations.attention.head_coarsening:HeadCoarsening",
+    "vmem_limit": "mutations.tuning.vmem_limit:VmemLimit",
+    "exp2_softmax": "mutations.attention.exp2_softmax:Exp2Softmax",
+    "diagonal_strips": "mutations.attention.diagonal_strips:DiagonalStrips",
+    "approx_reciprocal": "mutations.attention.approx_reciprocal:ApproxReciprocal",
+    "length_skip": "mutations.decode.length_skip:LengthSkip",
+    "grouped_heads": "mutations.decode.grouped_heads:GroupedHeads",
+    "split_kv": "mutations.decode.split_kv:SplitKV",
+    "dimension_semantics": "mutations.tuning.dimension_semantics:DimensionSemantics",
+    "chip_split": "mutations.decode.chip_split:ChipSplit",
+    "copies_in_need": "mutations.decode.copies_in_need:CopiesInNeed",
 }, member="operator")
 _INSTANCES: dict[str, Operator] = {}
 _LOCK = threading.Lock()

@@ -33,7 +33,7 @@ def main() -> int:
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
     from evolve.config import JudgeSettings, RunConfig, SearchConfig, TaskConfig
-    from evolve.executor import open_executor
+    from evolve.executors.base import open_executor
     from evolve.run import EvolutionRun
 
     config = RunConfig(search=SearchConfig(budget=args.budget, rng_seed=args.rng_seed),

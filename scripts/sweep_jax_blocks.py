@@ -19,7 +19,7 @@ import time
 
 
 from evaluator.judge import Judge, JudgeConfig
-from evolve.executor import LocalExecutor
+from evolve.executors.base import LocalExecutor
 from evaluator.versions import versions
 from seeds.flash_attention.task import AttentionTask, parse_shape
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from evolve.executor import LocalExecutor
+from evolve.executors.base import LocalExecutor
 
 
 def judge_all(judge, sources: Sequence[str], task, cut: int | None = None) -> list:

@@ -24,7 +24,7 @@ class AblateCommand(Command):
         from evaluator.judge import Judge
         from evolve.ablation import ablation_json, format_ablation, run_ablation
         from evolve.config import JudgeSettings
-        from evolve.executor import open_executor
+        from evolve.executors.base import open_executor
 
         task = task_from_args(args)
         seed = load_seed_arg(args.seed)

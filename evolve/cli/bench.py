@@ -31,7 +31,7 @@ class BenchCommand(Command):
     def take_action(self, args: argparse.Namespace) -> int:
         from evolve.cli.run import _config_from_args
         from evolve.cli.store import archive_at
-        from evolve.executor import open_executor
+        from evolve.executors.base import open_executor
         from evolve.start import resolve_start
         from evolve.strategies import strategy_class
 

@@ -126,8 +126,8 @@ def shared_parents() -> dict[str, argparse.ArgumentParser]:
 
 
 def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--executor`` (every registered executor, evolve/executor.py) and each executor's own options."""
-    from evolve.executor import EXECUTORS
+    """``--executor`` (every registered executor, evolve/executors/base.py) and each executor's own options."""
+    from evolve.executors.base import EXECUTORS
 
     parser.add_argument("--executor", choices=EXECUTORS.names(), default=None,
                         help="where candidates are judged: local (this machine, the default), ray (a Ray "

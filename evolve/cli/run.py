@@ -106,7 +106,7 @@ class RunCommand(Command):
 
     def take_action(self, args: argparse.Namespace) -> int:
         from evolve.cli.eval import check_tiling
-        from evolve.executor import open_executor
+        from evolve.executors.base import open_executor
         from evolve.run import EvolutionRun
 
         from evolve.start import resolve_start
@@ -134,7 +134,7 @@ class ResumeCommand(Command):
 
     def take_action(self, args: argparse.Namespace) -> int:
         from evolve.config import RunConfig
-        from evolve.executor import open_executor
+        from evolve.executors.base import open_executor
         from evolve.run import EvolutionRun
         from evolve.start import check_same_start, resolve_start
 

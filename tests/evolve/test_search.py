@@ -13,7 +13,7 @@ import pytest
 
 from evaluator.result import EvalResult, Metrics, Status
 from evolve.config import RunConfig, SearchConfig
-from evolve.executor import LocalExecutor
+from evolve.executors.base import LocalExecutor
 from evolve.individual import Individual
 from evolve.search import Search
 from evolve.surrogate import Surrogate

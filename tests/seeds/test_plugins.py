@@ -74,7 +74,7 @@ def test_an_executor_is_one_class_and_one_line(tmp_path):
     where = install(tmp_path / "site", {"pallas_evolve.executors": {"inline": "my_executor:Inline"}},
                     {"my_executor.py": '''
         import concurrent.futures
-        from evolve.executor import Executor
+        from evolve.executors.base import Executor
 
         class Inline(Executor):
             """Judges each candidate right away, in the calling thread."""
@@ -163,7 +163,7 @@ def test_an_operator_is_one_module_and_one_test_file(tmp_path):
 @pytest.mark.parametrize("family", ["operators", "seeds", "timing", "executors", "strategies"])
 def test_every_family_is_one_registry_style(family):
     from evaluator.figure.timing import TIMING_SOURCES
-    from evolve.executor import EXECUTORS
+    from evolve.executors.base import EXECUTORS
     from evolve.strategies import STRATEGIES
     from mutations.registry import OPERATORS
     from seeds._contract import SEEDS

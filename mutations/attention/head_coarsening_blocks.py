@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import libcst as cst
 
-from . import _block_fields as F
-from . import _cst as C
-from . import _sites
-from ._base import NotApplicable
+from ..tuning import block_fields as F
+from .. import _cst as C
+from .. import _sites
+from .._base import NotApplicable
 
 HPP = "heads_per_program"
 HEAD_IDX = "head_idx"

@@ -16,8 +16,8 @@ from typing import Any
 
 import libcst as cst
 
-from . import _cst as C
-from ._base import APPLICABLE, Applicability, NotApplicable, Operator
+from .. import _cst as C
+from .._base import APPLICABLE, Applicability, NotApplicable, Operator
 
 
 def _divisions(fn: cst.FunctionDef) -> list[cst.BinaryOperation]:

@@ -24,10 +24,10 @@ from typing import Any
 
 import libcst as cst
 
-from . import _cst as C
-from ._base import APPLICABLE, Applicability, NotApplicable, Operator
-from ._split_kv import SplitKV
-from ._tunables import module_ints, set_tunable
+from .. import _cst as C
+from .._base import APPLICABLE, Applicability, NotApplicable, Operator
+from .split_kv import SplitKV
+from .._tunables import module_ints, set_tunable
 
 COMBINES = ("gather", "packed", "separate")
 

@@ -20,7 +20,7 @@ from tests.procs import alive
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'pallas-evolve[ray]')")
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 RAY = str(Path(sys.executable).with_name("ray"))
 # The cheapest real kernel; 3 + 1 x (3 - 2 elites) = 4 kernels. Two workers (and so the same lag) for Ray and local.
 TINY = ["--seed", "examples/seed_axpy", "--shape", "M=256,N=256", "--population", "3", "--generations", "1",
@@ -264,7 +264,7 @@ def test_an_address_nobody_answers_is_one_line_exit_2_within_30_s(tmp_path):
 def test_a_worker_lost_twice_is_a_crash_with_the_reason(tmp_path, monkeypatch):
     """In-process Ray: a task whose worker dies on every attempt is tried twice, then CRASH."""
     from evaluator.result import Status
-    from evolve.ray_executor import RayExecutor
+    from evolve.executors.ray_executor import RayExecutor
 
     attempts = tmp_path / "attempts"
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import libcst as cst
 
-from . import _block_fields as F
-from . import _sites
-from ._base import APPLICABLE, Applicability, NotApplicable, Operator, parse
-from ._tunables import module_ints, set_tunable
+from . import block_fields as F
+from .. import _sites
+from .._base import APPLICABLE, Applicability, NotApplicable, Operator, parse
+from .._tunables import module_ints, set_tunable
 
 def legal_values(name: str, task: Any) -> list[int]:
     """Legal values of a block knob, ascending: the task's rule (the seed knows its kernel's

@@ -23,10 +23,10 @@ from typing import Any
 
 import libcst as cst
 
-from . import _cst as C
-from . import _diagonal_strips_loop as loop_idiom
-from ._base import APPLICABLE, Applicability, NotApplicable, Operator
-from ._tunables import module_ints, set_tunable
+from .. import _cst as C
+from . import diagonal_strips_loop as loop_idiom
+from .._base import APPLICABLE, Applicability, NotApplicable, Operator
+from .._tunables import module_ints, set_tunable
 
 TUNABLE = "DIAGONAL_STRIP"
 STRIPS = (128, 256, 512, 1024)

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from . import _cst as C
-from ._base import NotApplicable
+from .. import _cst as C
+from .._base import NotApplicable
 
 STRIP_NAME = "diagonal_strip"
 # Names the rewrite introduces in the kernel function (refused if already used).

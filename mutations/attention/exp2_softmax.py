@@ -7,8 +7,8 @@ from typing import Any
 
 import libcst as cst
 
-from . import _cst as C
-from ._base import APPLICABLE, Applicability, NotApplicable, Operator
+from .. import _cst as C
+from .._base import APPLICABLE, Applicability, NotApplicable, Operator
 
 LOG2_E = "1.4426950408889634"
 

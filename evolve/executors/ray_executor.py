@@ -31,7 +31,7 @@ from typing import Any
 from evaluator.result import EvalResult, Status
 from evaluator.containment.sandbox import Interrupted
 from evolve.errors import UsageError
-from evolve.executor import Executor, Judging
+from evolve.executors.base import Executor, Judging
 
 INSTALL = "pip install 'pallas-evolve[ray]'"
 PROBE_TIMEOUT_S = 5.0

@@ -7,9 +7,9 @@ from typing import Any
 
 import libcst as cst
 
-from . import _cst as C
-from ._base import APPLICABLE, Applicability, NotApplicable, Operator, parse
-from ._tunables import _int_value, _is_tunable, module_ints, set_tunable
+from .. import _cst as C
+from .._base import APPLICABLE, Applicability, NotApplicable, Operator, parse
+from .._tunables import _int_value, _is_tunable, module_ints, set_tunable
 
 MIB = 1024 * 1024
 # v5e: 128 MiB physical VMEM, 16 MiB default scoped limit (32 MiB on v6e). Leave headroom.

@@ -5,7 +5,7 @@ sandboxed judge of one candidate, the archive's append) for one of its ``workers
 where the judging in it happens: ``judging(judge, task)`` is the function a submitted call
 judges a source with. The local executor runs each call on a thread of this process and judges
 right there (the thread only waits on the jailed worker process the judge starts); the Ray
-executor (evolve/ray_executor.py) runs the calls on threads of this process too, but only the
+executor (evolve/executors/ray_executor.py) runs the calls on threads of this process too, but only the
 judging travels: the archive stays with its one writer, here. Executors are found by name in a
 lazy registry, so an optional one costs nothing until asked for.
 """
@@ -90,8 +90,8 @@ class LocalExecutor(Executor):
 
 
 # A family (seeds/registry.py): built-ins here, others by the entry-point group pallas_evolve.executors.
-EXECUTORS = Registry("executors", {"local": "evolve.executor:LocalExecutor",
-                                   "ray": "evolve.ray_executor:RayExecutor"}, member="executor")
+EXECUTORS = Registry("executors", {"local": "evolve.executors.base:LocalExecutor",
+                                   "ray": "evolve.executors.ray_executor:RayExecutor"}, member="executor")
 
 
 def make_executor(name: str, workers: int = 0, **options: Any) -> Executor:

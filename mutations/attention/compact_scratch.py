@@ -7,8 +7,8 @@ from typing import Any
 
 import libcst as cst
 
-from . import _cst as C
-from ._base import APPLICABLE, Applicability, Operator
+from .. import _cst as C
+from .._base import APPLICABLE, Applicability, Operator
 
 _LANE_SLICE = ":,:1"
 

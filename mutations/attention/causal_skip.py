@@ -15,8 +15,8 @@ from typing import Any
 
 import libcst as cst
 
-from . import _cst as C
-from ._base import APPLICABLE, Applicability, NotApplicable, Operator
+from .. import _cst as C
+from .._base import APPLICABLE, Applicability, NotApplicable, Operator
 
 _DISPATCH = """\
 if causal:

@@ -22,7 +22,7 @@ import functools
 
 import libcst as cst
 
-from . import _sites
+from .. import _sites
 
 # A production kernel's forward block names -> the task's tunable whose legal values they take.
 FIELD_TUNABLES = {

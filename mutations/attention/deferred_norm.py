@@ -7,8 +7,8 @@ from typing import Any
 
 import libcst as cst
 
-from . import _cst as C
-from ._base import APPLICABLE, Applicability, NotApplicable, Operator
+from .. import _cst as C
+from .._base import APPLICABLE, Applicability, NotApplicable, Operator
 
 
 def _subscript_of(node: cst.CSTNode, name: str) -> bool:
@@ -204,7 +204,7 @@ class _ProductionMatch:
 
 
 def _guarded_inverse(node: cst.CSTNode) -> bool:
-    from ._approx_reciprocal import _guarded_inverse as guarded
+    from .approx_reciprocal import _guarded_inverse as guarded
 
     return guarded(node)
 

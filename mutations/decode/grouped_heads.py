@@ -15,8 +15,8 @@ from typing import Any
 
 import libcst as cst
 
-from . import _cst as C
-from ._base import APPLICABLE, Applicability, NotApplicable, Operator
+from .. import _cst as C
+from .._base import APPLICABLE, Applicability, NotApplicable, Operator
 
 _GROUPING = """\
 # Grouped heads: the query heads sharing a K/V head become one program's rows, so each K/V

@@ -20,9 +20,9 @@ from typing import Any
 
 import libcst as cst
 
-from . import _cst as C
-from ._base import APPLICABLE, Applicability, NotApplicable, Operator
-from ._tunables import set_tunable
+from .. import _cst as C
+from .._base import APPLICABLE, Applicability, NotApplicable, Operator
+from .._tunables import set_tunable
 
 TUNABLE = "KV_SPLITS"
 SPLITS = (2, 4, 8, 16)

@@ -21,8 +21,8 @@ from typing import Any
 
 import libcst as cst
 
-from . import _cst as C
-from ._base import APPLICABLE, Applicability, NotApplicable, Operator
+from .. import _cst as C
+from .._base import APPLICABLE, Applicability, NotApplicable, Operator
 
 _LIVE = "_live_block"
 

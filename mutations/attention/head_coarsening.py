@@ -24,10 +24,10 @@ from typing import Any
 
 import libcst as cst
 
-from . import _cst as C
-from . import _head_coarsening_blocks as blocks_idiom
-from ._base import APPLICABLE, Applicability, NotApplicable, Operator
-from ._tunables import module_ints, set_tunable
+from .. import _cst as C
+from . import head_coarsening_blocks as blocks_idiom
+from .._base import APPLICABLE, Applicability, NotApplicable, Operator
+from .._tunables import module_ints, set_tunable
 
 HEAD = "head"
 LANES = "lanes"
