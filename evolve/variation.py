@@ -103,29 +103,28 @@ def block_shapes(seed: Individual, task: Any, rng: random.Random, count: int, ge
                  max_chain: int = 1, chained: float = 0.75, operators: list | None = None,
                  stacked: int = 0) -> list[Individual]:
     """``count`` children of the seed with distinct block shapes (the values of the seed's tunables
-    that the task declares legal values for, e.g. (BLOCK_Q, BLOCK_KV)), in :func:`covering_shapes`'
-    order; with probability ``chained`` each is followed by a chain of 1..max_chain-1
-    other operators, drawn to cover every operator before any repeats: a first population that
-    spans the block shapes and tells the search (and its surrogate) what each operator does."""
-    from mutations import block_values, get_operator, legal_values, read_tunables
+    that the task declares legal values for, as the shape operator reads them: ``Operator.sets_shape``),
+    in :func:`covering_shapes`' order; with probability ``chained`` each is followed by a chain of
+    1..max_chain-1 other operators, drawn to cover every operator before any repeats: a first
+    population that spans the block shapes and tells the search (and its surrogate) what each
+    operator does."""
+    from mutations.registry import shape_operator
 
-    current = block_values(seed.source, task)              # in the source's order
+    blocks = shape_operator()
+    if blocks is None:
+        return []
+    current = blocks.shape_values(seed.source, task)              # in the source's order
     names = list(current)
-    fields = not set(names) & set(read_tunables(seed.source))   # a production module's block fields
-    shapes = covering_shapes([legal_values(n, task) for n in names], tuple(current.values()), rng)
-    blocks = get_operator("block_sizes")
+    shapes = covering_shapes([blocks.shape_legal(n, task) for n in names], tuple(current.values()), rng)
     pool = all_operators() if operators is None else operators
-    used = {op.name: 0 for op in pool if op.name != "block_sizes"}
+    others = [op for op in pool if op.name != blocks.name]
+    used = {op.name: 0 for op in others}
     children = []
     for shape in shapes:
         if len(children) == count:
             break
         source, edits = seed.source, []
-        # Fields are set as one shape (a minor block must divide its major one at every step), all
-        # of them (a module that looks its blocks up when one is None overrides a lone one).
-        moves = ([{"shape": dict(zip(names, shape))}]
-                 if fields else [{"tunable": n, "value": v} for n, v in zip(names, shape)])
-        for params in moves:
+        for params in blocks.shape_moves(seed.source, task, dict(zip(names, shape))):
             result = blocks.apply_params(source, task, params)
             if result.applied:
                 source, edits = result.source, edits + [result.edit]
@@ -139,14 +138,14 @@ def block_shapes(seed: Individual, task: Any, rng: random.Random, count: int, ge
             # The first shapes (those that cover each block's sizes) also carry every other
             # operator that applies: a multi-step kernel whose first step alone does not pay
             # (large blocks need causal skipping, then strips) is judged at once.
-            source, more = stack(source, task, rng, [op for op in pool if op.name != "block_sizes"])
+            source, more = stack(source, task, rng, others)
             chain = edits + more
             child = Individual(source, edits=[e.to_dict() for e in chain], parent_ids=(seed.id,),
                                operator="+".join(e.op for e in chain), generation=generation,
                                params={"chain": [e.to_dict() for e in chain]})
         elif max_chain > 1 and rng.random() < chained:
             fewest = min(used.values())       # operators used least so far are drawn first
-            weights = {name: 1.0 if n == fewest else 0.02 for name, n in used.items()} | {"block_sizes": 0.02}
+            weights = {name: 1.0 if n == fewest else 0.02 for name, n in used.items()} | {blocks.name: 0.02}
             more = mutate(child, task, rng, generation, max_chain=max_chain - 1, weights=weights, operators=pool)
             if more is not None:
                 chain = edits + [Edit.from_dict(e) for e in more.edits[len(edits):]]

@@ -107,6 +107,9 @@ class Operator(abc.ABC):
     # VMEM limit for FAIL_VMEM: the search tries the repair on a child that failed that way
     # (``repair_params`` says how), since such a child is often a step that pays once repaired.
     repairs: ClassVar[tuple[str, ...]] = ()
+    # The operator that sets a kernel's block shape (at most one): the search's first population
+    # spans its shapes (``shape_values``, ``shape_legal``, ``shape_moves``) and then draws it rarely.
+    sets_shape: ClassVar[bool] = False
 
     # ---- to implement ---------------------------------------------------------------------
     @abc.abstractmethod
@@ -120,6 +123,19 @@ class Operator(abc.ABC):
     @abc.abstractmethod
     def _rewrite(self, module: cst.Module, task: Any, params: dict[str, Any]) -> cst.Module:
         """The rewrite itself; validates ``params`` (raise NotApplicable when illegal)."""
+
+    # ---- a shape operator's (``sets_shape = True``) -----------------------------------------------
+    def shape_values(self, source: str, task: Any) -> dict[str, int]:
+        """The source's block-shape tunables and their values, in the source's order."""
+        raise NotImplementedError(f"{self.name} does not set a block shape")
+
+    def shape_legal(self, name: str, task: Any) -> list[int]:
+        """The values ``task`` declares legal for the tunable ``name``, ascending."""
+        raise NotImplementedError(f"{self.name} does not set a block shape")
+
+    def shape_moves(self, source: str, task: Any, shape: dict[str, int]) -> list[dict[str, Any]]:
+        """The parameters of the edits that set ``source``'s block shape to ``shape``, in order."""
+        raise NotImplementedError(f"{self.name} does not set a block shape")
 
     def moves(self, source: str, task: Any) -> tuple[str, ...]:
         """The tunables this operator may set on ``source`` for ``task`` (default: ``tunables``)."""

@@ -52,6 +52,11 @@ def all_operators() -> list[Operator]:
     return [get_operator(name) for name in OPERATORS.names()]
 
 
+def shape_operator() -> Operator | None:
+    """The operator that sets a kernel's block shape (``Operator.sets_shape``), if one is registered."""
+    return next((op for op in all_operators() if op.sets_shape), None)
+
+
 def operator_names() -> list[str]:
     return OPERATORS.names()
 

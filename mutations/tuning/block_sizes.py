@@ -113,9 +113,26 @@ def _scaled(ints: dict[str, int], names: list[str], task: Any, factor: float) ->
 class BlockSizes(Operator):
     name = "block_sizes"
     knob = True
+    sets_shape = True
     description = ("Move one block-size tunable (a module-level constant such as BLOCK_Q, BLOCK_KV or "
                    "HEADS_PER_PROGRAM) to another value its task declares legal, or scale the block "
                    "shape (every block tunable but the heads per program) by 2 or 1/2 at once.")
+
+    def shape_values(self, source: str, task: Any) -> dict[str, int]:
+        return block_values(source, task)
+
+    def shape_legal(self, name: str, task: Any) -> list[int]:
+        return legal_values(name, task)
+
+    def shape_moves(self, source: str, task: Any, shape: dict[str, int]) -> list[dict[str, Any]]:
+        """Module-level constants one edit each; a production module's block fields as one shape
+        (a minor block must divide its major one at every step), all of them (a module that looks
+        its blocks up when one is None overrides a lone one)."""
+        from .._tunables import read_tunables
+
+        if not set(shape) & set(read_tunables(source)):
+            return [{"shape": dict(shape)}]
+        return [{"tunable": n, "value": v} for n, v in shape.items()]
 
     def moves(self, source: str, task: Any) -> tuple[str, ...]:
         """The source's module-level constants that the task declares legal values for."""

@@ -84,3 +84,25 @@ def test_replay_reports_the_first_edit_that_does_not_apply():
     assert replay(seed, edits[:1], TASK).source == result.source
     assert replay(seed, [Edit("causal_skip")], AttentionTask(causal=False)).status == "not_applicable"
     assert replay(seed, [Edit("nope")], TASK).status == "failed"
+
+
+def test_the_search_finds_the_block_shape_through_the_operator_that_sets_it():
+    """The search names no operator: it asks the registry for the one that sets a block shape
+    (``Operator.sets_shape``), and that operator for the shape's tunables, their legal values and
+    the edits that set a shape (one per module constant)."""
+    from mutations.registry import shape_operator
+    from seeds import load_seed
+
+    op = shape_operator()
+    assert op is not None and op.sets_shape and sum(o.sets_shape for o in all_operators()) == 1
+    seed = load_seed("flash_attention")
+    task = seed.task("B=1,H=2,N=512,D=128")
+    values = op.shape_values(seed.kernel_source, task)
+    assert list(values) == ["BLOCK_Q", "BLOCK_KV"]
+    assert all(op.shape_legal(n, task) for n in values)
+    moves = op.shape_moves(seed.kernel_source, task, {"BLOCK_Q": 256, "BLOCK_KV": 512})
+    assert moves == [{"tunable": "BLOCK_Q", "value": 256}, {"tunable": "BLOCK_KV", "value": 512}]
+    source = seed.kernel_source
+    for params in moves:
+        source = op.apply_params(source, task, params).source
+    assert op.shape_values(source, task) == {"BLOCK_Q": 256, "BLOCK_KV": 512}
