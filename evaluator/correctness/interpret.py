@@ -129,11 +129,11 @@ def grid_loop(*args, jaxpr, debug, input_output_aliases, grid_mapping, mesh, com
             starts = [bm.compute_start_indices_interpret(index, *scalars_now) for bm in mappings]
         blocks = [hlo._dynamic_slice(starts[k], shapes[k], arrays[k], squeezed[k]) for k in range(len(operands))]
         for k, kind in fresh.items():        # a new block index: the TPU's buffer, not the array
-            moved = (i == 0) | jnp.any(jnp.stack([jnp.asarray(a, jnp.int32) for a in starts[k]]) != last[k])
+            moved = (i == 0) | jnp.any(_index(starts[k]) != last[k])
             new = hlo._dynamic_slice(starts[k], shapes[k], operands[k], squeezed[k]) if kind == "input" \
                 else primitives.uninitialized_value(blocks[k].shape, blocks[k].dtype)
             blocks[k] = jnp.where(moved, new, blocks[k])
-        last = {k: jnp.stack([jnp.asarray(a, jnp.int32) for a in starts[k]]) for k in fresh}
+        last = {k: _index(starts[k]) for k in fresh}
         with pallas_core.grid_env(env):
             if counter is None:
                 result = jcore.eval_jaxpr(kernel, kernel_consts, *scalars_now, *blocks, *held_scratch)
@@ -166,6 +166,11 @@ def grid_loop(*args, jaxpr, debug, input_output_aliases, grid_mapping, mesh, com
     if counter is not None:
         return result, counts, facts
     return result
+
+
+def _index(starts) -> jnp.ndarray:
+    """A block's start indices as one int32 vector (empty for a rank-0 operand)."""
+    return jnp.asarray([jnp.asarray(a, jnp.int32) for a in starts], jnp.int32).reshape(len(starts))
 
 
 def _pipelined(bm) -> bool:
