@@ -64,9 +64,20 @@ def descendants(pid: int) -> list[int]:
     return list(_descendants(pid))
 
 
+def parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def judging_workers(root: int) -> list[int]:
-    """The Ray worker processes under ``root`` judging a candidate right now."""
-    return [p for p in descendants(root) if "ray::judge_on_this_node" in cmdline(p)]
+    """The Ray worker processes under ``root`` judging a candidate right now. A child the worker
+    has forked for the judge's worker or runner carries the same command line until it execs: it
+    is not a Ray worker (killing it is a judged child killed, which the judge calls OOM)."""
+    busy = [p for p in descendants(root) if "ray::judge_on_this_node" in cmdline(p)]
+    return [p for p in busy if parent_of(p) not in busy]
 
 
 class Cluster:
