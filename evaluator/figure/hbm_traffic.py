@@ -78,28 +78,26 @@ def program_traffic(exported, input_value: Callable[[int], np.ndarray] | None = 
     from jax._src.interpreters import mlir
     from jax._src.lib import _jax
 
-
-    total, notes, blind, data, misses = 0, [], False, False, []
     try:
         with mlir.make_ir_context():
             module = _jax.mlir.deserialize_portable_artifact(exported.mlir_module_serialized)
             calls = _kernel_calls(module)
     except Exception as exc:  # noqa: BLE001
         return Traffic(0, (f"the program could not be read for its HBM traffic: {exc}",), True)
+    kernels: list[tuple[str, Traffic]] = []
     for name, config, operands, results in calls:
         try:
             with mosaic_module(config) as kernel:
                 counted = _kernel_bytes(kernel, operands, results, input_value)
         except KernelUnreadable as exc:
-            counted = (0, [f"kernel '{name}': its Mosaic body {exc}"], True)
+            counted = Traffic(0, (f"its Mosaic body {exc}",), True)
         except Exception as exc:  # noqa: BLE001
-            counted = (0, [f"kernel '{name}': traffic not modelled ({type(exc).__name__}: {exc})"], True)
-        total += counted[0]
-        notes.extend(f"kernel '{name}': {n}" if not n.startswith("kernel '") else n for n in counted[1])
-        blind = blind or counted[2]
-        data = data or (len(counted) > 4 and counted[3])
-        misses.extend(f"kernel '{name}': {m}" for m in (counted[4] if len(counted) > 4 else ()))
-    return Traffic(total, tuple(notes), blind, data, tuple(misses))
+            counted = Traffic(0, (f"traffic not modelled ({type(exc).__name__}: {exc})",), True)
+        kernels.append((name, counted))
+    return Traffic(sum(t.kernel_bytes for _, t in kernels),
+                   tuple(f"kernel '{name}': {n}" for name, t in kernels for n in t.notes),
+                   any(t.blind for _, t in kernels), any(t.data_dependent for _, t in kernels),
+                   tuple(f"kernel '{name}': {m}" for name, t in kernels for m in t.estimate_misses))
 
 
 # ---- the outer program ------------------------------------------------------------------------
@@ -152,7 +150,7 @@ def _kernel_calls(module):
 
 
 # ---- one kernel -------------------------------------------------------------------------------
-def _kernel_bytes(module, operands, results, input_value) -> tuple[int, list[str], bool]:
+def _kernel_bytes(module, operands, results, input_value) -> Traffic:
     from jaxlib.mlir import ir
 
     funcs = {}
@@ -176,9 +174,9 @@ def _kernel_bytes(module, operands, results, input_value) -> tuple[int, list[str
     reads_data = any(v is not None for v in prefetch)
     notes: list[str] = []
     if len(windows) != len(arrays):
-        return 0, [f"{len(windows)} windows for {len(arrays)} operands and results: not modelled"], True
+        return Traffic(0, (f"{len(windows)} windows for {len(arrays)} operands and results: not modelled",), True)
     if any(b < 0 for b in grid):
-        return 0, ["a dynamic grid: its block transfers are not modelled"], True
+        return Traffic(0, ("a dynamic grid: its block transfers are not modelled",), True)
     steps = math.prod(grid) if grid else 1
     total, blind, misses = 0, False, []
     n_inputs = len(operands) - n_prefetch
@@ -195,7 +193,7 @@ def _kernel_bytes(module, operands, results, input_value) -> tuple[int, list[str
         fn = funcs.get(ir.FlatSymbolRefAttr(window["transform_indices"]).value)
         element, unknown = _window_kind(window, len(bounds))
         if unknown:
-            return 0, [f"{kind} {i}: {unknown}, a window the model does not know: not modelled"], True
+            return Traffic(0, (f"{kind} {i}: {unknown}, a window the model does not know: not modelled",), True)
         block_bytes = _clipper(shape, bounds, itemsize, element)
         if element is not None:
             misses.append(f"{kind} {i} has an element window (pl.Element), whose per-step copies the "
@@ -212,7 +210,7 @@ def _kernel_bytes(module, operands, results, input_value) -> tuple[int, list[str
         indices = [_clamped(index, shape, bounds, element) for index in indices]
         revisit_any = "revisit_mode" in window and "any" in str(window["revisit_mode"])
         total += _transfers(indices, block_bytes, output=kind == "output", revisit_any=revisit_any)
-    return total, notes, blind, reads_data, misses
+    return Traffic(total, tuple(notes), blind, reads_data, tuple(misses))
 
 
 def _window_kind(window, rank: int) -> tuple[tuple[tuple[int, int], ...] | None, str]:
@@ -230,14 +228,14 @@ def _window_kind(window, rank: int) -> tuple[tuple[tuple[int, int], ...] | None,
     return tuple(zip(low, high)), ""
 
 
-def _gridless_bytes(funcs, operands, results) -> tuple[int, list[str], bool]:
+def _gridless_bytes(funcs, operands, results) -> Traffic:
     """A kernel without a grid: each operand in VMEM/SMEM is copied in (results out) once; one
     left in HBM is moved by the kernel's own DMAs, which are not modelled."""
     from jaxlib.mlir import ir
 
     main = next(iter(funcs.values()), None)
     if main is None:
-        return 0, ["no kernel function: its transfers are not modelled"], True
+        return Traffic(0, ("no kernel function: its transfers are not modelled",), True)
     args = list(main.regions[0].blocks[0].arguments)
     arrays = [(shape, size) for shape, size, _ in operands] + list(results)
     total, notes = 0, []
@@ -248,7 +246,7 @@ def _gridless_bytes(funcs, operands, results) -> tuple[int, list[str], bool]:
         else:
             notes.append(f"operand {i} stays in HBM (memory_space=ANY): the kernel's own DMAs of it are "
                          "not modelled, and the estimate does not see their transfer time")
-    return total, notes, bool(notes)
+    return Traffic(total, tuple(notes), bool(notes))
 
 
 def _clipper(shape, bounds, itemsize, element: tuple[tuple[int, int], ...] | None = None):
