@@ -47,20 +47,25 @@ def _hlo_facts(hlo_text: str) -> dict:
             "custom_calls": hlo_text.count("tpu_custom_call")}
 
 
+def _kernel_traffic(exported, inputs: str | None, names: list, specs: list):
+    """The trusted traffic model's count for the Pallas kernels of ``exported``, its index maps
+    evaluated on the values in the directory ``inputs`` (an input set, or the timing input's)."""
+    from evaluator.figure.hbm_traffic import Traffic, program_traffic
+
+    value = None if inputs is None else (lambda i: _read_public(inputs, names[i], specs[i][1]))
+    return program_traffic(exported, value) if exported is not None else Traffic()
+
+
 def _hbm_facts(compiled, exported, timing_input: str | None, names: list, specs: list) -> dict:
     """Bytes the program moves through HBM: XLA's cost analysis for its own ops, the trusted
     traffic model for Pallas kernels (index maps evaluated on the timing input's values)."""
-    from evaluator.figure.hbm_traffic import Traffic, program_traffic
-
     try:
         analysis = compiled.cost_analysis()
         analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
         xla_bytes = int(float(analysis.get("bytes accessed", 0.0)))
     except Exception:  # noqa: BLE001 - no analysis: the kernels' traffic alone
         xla_bytes = 0
-    value = None if timing_input is None else (
-        lambda i: _read_public(timing_input, names[i], specs[i][1]))
-    traffic = program_traffic(exported, value) if exported is not None else Traffic()
+    traffic = _kernel_traffic(exported, timing_input, names, specs)
     return {"hbm_bytes": xla_bytes + traffic.kernel_bytes,
             "hbm_kernel_bytes": traffic.kernel_bytes,
             "hbm_notes": list(traffic.notes), "hbm_blind": traffic.blind,
@@ -267,8 +272,8 @@ def main(request_path: str) -> int:
                 raise Refused("; ".join(f"{f.construct} in {f.where}: {f.detail}" for f in fatal))
             tpu_fn = programs["tpu"].call
             cpu_fn = programs["cpu"].call if "cpu" in programs else None
-            # Loops and branches on data: counted on the timing input (trips.py), where the
-            # estimate is the figure and there is a timing input to check (input set 1); and a
+            # Loops and branches on data: counted on every input set (trips.py), where the
+            # estimate is the figure and there are input sets to run them on; and a
             # kernel's own DMAs (below, once the traffic model has read the program).
             count = (chips == 1 and not req["on_tpu"] and bool(req["inputs"]) and req.get("compile", True)
                      and any(f.construct in COUNTED_ON_DATA for f in findings))
@@ -308,7 +313,7 @@ def main(request_path: str) -> int:
                                 req.get("timing_input"), names, specs)
             facts["trusted"] = req["mode"] == "reference"   # the task's own XLA program
             reporter.send(event="stage_ok", stage=stage, data=facts)
-            # A kernel's own DMAs (an operand left in HBM): counted on the timing input (dmas.py).
+            # A kernel's own DMAs (an operand left in HBM): counted on every input set (dmas.py).
             count = count or (req["mode"] != "reference" and facts.get("hbm_blind") and not req["on_tpu"]
                               and bool(req["inputs"]))
 
@@ -356,13 +361,10 @@ def main(request_path: str) -> int:
                 from evaluator.figure import trips
                 from evaluator.correctness.interpret import installed
 
-                if counting_fn is None:
+                if counting_fn is None:   # lowered at its first call: the same grid loop as the CPU program's
                     counting = trips.counting_program(closed)
-                    with installed():    # traced here: the same interpreter set-up as the CPU program's
-                        counting_fn = jax.jit(counting)
-                        out, counts = counting_fn(*[jnp.asarray(a) for a in args])
-                else:
-                    out, counts = counting_fn(*[jnp.asarray(a) for a in args])
+                    counting_fn = _within(installed, jax.jit(counting))
+                out, counts = counting_fn(*[jnp.asarray(a) for a in args])
                 counted.append(counts)
             else:
                 out = run_cpu(*[jnp.asarray(a) for a in args])
@@ -379,7 +381,8 @@ def main(request_path: str) -> int:
             # Index maps that read the data: every set's traffic, the figure the slowest's.
             stage = "traffic"
             reporter.stage(stage)
-            per_set = [_hbm_facts(compiled, programs["tpu"], directory, names, specs)["hbm_bytes"]
+            xla_bytes = facts["hbm_bytes"] - facts["hbm_kernel_bytes"]
+            per_set = [xla_bytes + _kernel_traffic(programs["tpu"], directory, names, specs).kernel_bytes
                        for directory in req["inputs"]]
             reporter.send(event="stage_ok", stage=stage, data={"hbm_bytes_per_set": per_set})
 

@@ -1,4 +1,4 @@
-"""A kernel's own DMAs, counted on the timing input: the bytes it really copies to and from HBM.
+"""A kernel's own DMAs, counted on the data: the bytes it really copies to and from HBM.
 
 A kernel may leave an operand in HBM (``memory_space=ANY``) and copy what it needs itself
 (``pltpu.make_async_copy``; ragged paged attention copies each sequence's pages). The traffic

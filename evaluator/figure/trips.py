@@ -322,30 +322,23 @@ def dma_starts(found: list[list[Site]], counts: list) -> list[list[int]]:
 
 
 def figure(found: list[list[Site]], counts: list, estimate) -> dict:
-    """The counted figure: ``estimate(choice) -> cycles`` compiles one variant and reads its
-    estimate. Returns the stage's facts: cycles, the sites' counts and every variant's figure.
-    Raises :class:`Uncountable` where the figure would rest on a linearity the estimate does not
-    have (a loop whose trips differ between entries, or are extrapolated, and whose estimate's
-    second difference in its trips is not ~0), naming the loop."""
+    """The counted figure: ``estimate(choice) -> cycles`` compiles one variant and reads its estimate
+    (the same choice may be asked for twice: ``count_figures`` compiles it once). Returns the
+    stage's facts: cycles, the sites' counts and every variant's figure. Raises
+    :class:`Uncountable` where the figure would rest on a linearity the estimate does not have
+    (a loop whose trips differ between entries, or are extrapolated, and whose estimate's second
+    difference in its trips is not ~0), naming the loop."""
     counted = site_counts(found, counts)
     base, variants = plan(counted)
     checks = [c for c in counted if c.linear_check]
     if len(variants) + 2 * len(checks) > MAX_VARIANTS:
         raise Uncountable(f"{len(variants)} variants for {len(counted)} nested loops and branches on data: "
                           f"more than the {MAX_VARIANTS} a figure may compile")
-    cache: dict[tuple, int] = {}
-
-    def cycles_of(choice: dict) -> int:
-        key = tuple(sorted(choice.items()))
-        if key not in cache:
-            cache[key] = estimate(choice)
-        return cache[key]
-
-    base_cycles = cycles_of(base)
-    moved = [(cycles_of(choice), weight) for choice, weight in variants]
+    base_cycles = estimate(base)
+    moved = [(estimate(choice), weight) for choice, weight in variants]
     linear = []
     for c in checks:     # the loop at base, base + 1 and base + 2 trips: a straight line, or refused
-        c0, c1, c2 = base_cycles, cycles_of(base | {c.key: c.base + 1}), cycles_of(base | {c.key: c.base + 2})
+        c0, c1, c2 = base_cycles, estimate(base | {c.key: c.base + 1}), estimate(base | {c.key: c.base + 2})
         first, second = c1 - c0, c2 - 2 * c1 + c0
         linear.append({"kernel": c.kernel, "path": list(c.site.path), "cycles": [c0, c1, c2]})
         if abs(second) > LINEAR_TOLERANCE * max(abs(first), 1):
@@ -356,8 +349,7 @@ def figure(found: list[list[Site]], counts: list, estimate) -> dict:
                 "write its trips as a constant or make them the same in every grid entry")
     cycles = combine(base_cycles, moved, _sub_chains(chains(counted)))
     return {"cycles": cycles, "base_cycles": base_cycles, "sites": describe(counted),
-            "variants": [{"cycles": c, "weight": round(w, 6)} for c, w in moved], "linear_checks": linear,
-            "compiles": len(cache)}
+            "variants": [{"cycles": c, "weight": round(w, 6)} for c, w in moved], "linear_checks": linear}
 
 
 def count_figures(closed, counting, counted_sets: list, llo, compile_variant) -> dict:

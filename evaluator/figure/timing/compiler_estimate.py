@@ -88,7 +88,8 @@ class CompilerEstimate(TimingSource):
     label = "compiler_estimate+hbm+trips"
     description = ("libtpu's static cycle estimate of the compiled program, never less than the "
                    "program's HBM traffic over the chip's bandwidth, divided by the chip clock; loops and "
-                   "branches on data counted on the timing input (static variants of the kernel)")
+                   "branches on data counted on every input set, the slowest set's figure (static variants "
+                   "of the kernel)")
     cacheable = True
     prunable = True
     # Constructs the static estimate cannot count (measured in the README): such a kernel may be
@@ -129,7 +130,7 @@ class CompilerEstimate(TimingSource):
                                       + "; ".join(facts["hbm_estimate_misses"][:3]) + "; time it on a TPU host")
         hbm_bytes = facts.get("hbm_bytes")
         chips = facts.get("chips", 1)
-        counted = stage_data.get("trips") or {}     # counted on the timing input (trips.py, dmas.py)
+        counted = stage_data.get("trips") or {}     # counted on the data (trips.py, dmas.py), one set's
         ici_cycles, note = 0, ""
         if chips > 1:
             # A per-chip program on the mesh: per chip, max(compute, the busiest chip's HBM floor),
@@ -151,8 +152,9 @@ class CompilerEstimate(TimingSource):
             if counted:
                 cycles, why = counted.get("cycles"), counted.get("error", "")
                 if cycles is not None and counted.get("sites"):
-                    note = (f"loops and branches on data counted on the timing input ({len(counted['sites'])} "
-                            f"site(s), {1 + len(counted.get('variants', []))} variant(s) compiled)")
+                    note = (f"loops and branches on data counted ({len(counted['sites'])} site(s), "
+                            f"{1 + len(counted.get('variants', []))} variant(s), "
+                            f"{len(counted.get('linear_checks', []))} linearity check(s))")
             else:
                 cycles, why = read_cycles(scratch / "llo", unestimated=unestimated)
             if unestimated:
@@ -163,9 +165,9 @@ class CompilerEstimate(TimingSource):
         if (why := unbalanced(counted)) is not None:
             return Timing(None, error=why)
         if facts.get("hbm_blind") and "dma_bytes" in counted and hbm_bytes is not None:
-            # the kernels' own DMAs, counted as they ran on the timing input (dmas.py)
+            # the kernels' own DMAs, counted as they ran on the data (dmas.py)
             hbm_bytes = int(hbm_bytes) + int(counted["dma_bytes"])
-            note = "; ".join(filter(None, [note, f"the kernels' own DMAs counted on the timing input: "
+            note = "; ".join(filter(None, [note, f"the kernels' own DMAs counted as they ran: "
                                                  f"{int(counted['dma_bytes']):,} bytes"]))
         elif facts.get("hbm_blind") or (chips > 1 and hbm_bytes is None):
             return Timing(None, error=("the static estimate counts a DMA's issue, not its transfer, and "
