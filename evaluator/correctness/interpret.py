@@ -128,12 +128,13 @@ def grid_loop(*args, jaxpr, debug, input_output_aliases, grid_mapping, mesh, com
                     s.aval = jcore.typeof(s).update(dtype=jnp.int32)
             starts = [bm.compute_start_indices_interpret(index, *scalars_now) for bm in mappings]
         blocks = [hlo._dynamic_slice(starts[k], shapes[k], arrays[k], squeezed[k]) for k in range(len(operands))]
+        now = {k: _index(starts[k]) for k in fresh}
         for k, kind in fresh.items():        # a new block index: the TPU's buffer, not the array
-            moved = (i == 0) | jnp.any(_index(starts[k]) != last[k])
+            moved = (i == 0) | jnp.any(now[k] != last[k])
             new = hlo._dynamic_slice(starts[k], shapes[k], operands[k], squeezed[k]) if kind == "input" \
                 else primitives.uninitialized_value(blocks[k].shape, blocks[k].dtype)
             blocks[k] = jnp.where(moved, new, blocks[k])
-        last = {k: _index(starts[k]) for k in fresh}
+        last = now
         with pallas_core.grid_env(env):
             if counter is None:
                 result = jcore.eval_jaxpr(kernel, kernel_consts, *scalars_now, *blocks, *held_scratch)
