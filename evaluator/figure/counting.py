@@ -32,7 +32,6 @@ class Site:
     kind: str                  # "while" or "cond"
     arms: int = 0              # a cond's branches
     dma: bool = False          # a cond with an arm that starts a DMA it does not wait for, or the reverse
-    where: str = dataclasses.field(default="", compare=False)   # its source line, for messages
 
     @property
     def width(self) -> int:
@@ -42,7 +41,7 @@ class Site:
 
     def named(self, kernel: int) -> str:
         what = "loop" if self.kind == "while" else "branch"
-        return f"the {what} at {self.where or 'path ' + str(list(self.path))} (kernel {kernel})"
+        return f"the {what} at path {list(self.path)} (kernel {kernel})"
 
 
 # ---- 1. sites ---------------------------------------------------------------------------------
@@ -77,7 +76,7 @@ def _walk(jaxpr: jcore.Jaxpr, taint_in: list[bool], found: list[Site] | None, pa
                 # counted too, or the estimate would simulate it on the variant's trips.
                 carry = [True] * len(carry)
                 if found is not None:
-                    found.append(Site(here, "while", where=_where(eqn)))
+                    found.append(Site(here, "while"))
             if found is not None:
                 _walk(cond, ins[:nc] + carry, found, here + (0,))
                 _walk(body, ins[nc:nc + nb] + carry, found, here + (1,))
@@ -85,8 +84,7 @@ def _walk(jaxpr: jcore.Jaxpr, taint_in: list[bool], found: list[Site] | None, pa
         elif name == "cond":
             branches = [parts(b)[0] for b in eqn.params["branches"]]
             if found is not None and ins[0]:
-                found.append(Site(here, "cond", len(branches), any(_unbalanced_dma(b) for b in branches),
-                                  _where(eqn)))
+                found.append(Site(here, "cond", len(branches), any(_unbalanced_dma(b) for b in branches)))
             outs = [ins[0]] * len(eqn.outvars)
             for k, b in enumerate(branches):
                 res = _walk(b, ins[1:], found, here + (k,))
@@ -114,15 +112,6 @@ def _walk(jaxpr: jcore.Jaxpr, taint_in: list[bool], found: list[Site] | None, pa
         for v, o in zip(eqn.outvars, outs, strict=True):
             tainted[v] = o
     return [t(v) for v in jaxpr.outvars]
-
-
-def _where(eqn) -> str:
-    from jax._src import source_info_util
-
-    try:
-        return source_info_util.summarize(eqn.source_info)
-    except Exception:  # noqa: BLE001 - a name for messages only
-        return ""
 
 
 def _unbalanced_dma(jaxpr: jcore.Jaxpr) -> bool:

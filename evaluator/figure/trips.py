@@ -193,7 +193,7 @@ def _sub_chains(all_chains: list[tuple]) -> list[tuple[int, ...]]:
 
 
 def describe(counted: list[SiteCount]) -> list[dict]:
-    return [{"kernel": c.kernel, "kind": c.site.kind, "path": list(c.site.path), "where": c.site.where,
+    return [{"kernel": c.kernel, "kind": c.site.kind, "path": list(c.site.path),
              "counts": list(c.counts), "entries": c.entries,
              **({"mean_trips": round(c.mean, 4), "uniform": c.uniform} if c.site.kind == "while" else {})}
             for c in counted]
