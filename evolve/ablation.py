@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 import random
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from evaluator.result import EvalResult
 from evolve.executors.base import Executor, LocalExecutor
 from mutations import Edit, all_operators
 from mutations._replay import replay_applicable
+from mutations.registry import shape_operator
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,9 +43,6 @@ def _knobs() -> set[str]:
     return {op.name for op in all_operators() if op.knob}
 
 
-# The grid of the knobs that interact (all with every parameterless operator applied).
-GRID_BLOCKS = ((512, 512), (1024, 1024), (2048, 2048), (1024, 2048), (2048, 1024))
-GRID_LARGEST = 3       # other seeds: the grid tries each block-size tunable's 3 largest legal values
 GRID_PRUNE = 1.25      # grid kernels estimated over this x the best so far end PRUNED
 
 
@@ -55,8 +52,8 @@ def _best(entries: list[Entry]) -> Entry | None:
 
 
 def _prerequisite(op, seed_source: str, task) -> tuple[Edit, str] | None:
-    """A parameterless operator after which ``op`` applies (e.g. causal_skip for
-    diagonal_strips), for an operator that does not apply to the seed itself."""
+    """A parameterless operator after which ``op`` applies (one that meets its precondition), for
+    an operator that does not apply to the seed itself."""
     for other in all_operators():
         if other.name == op.name or other.knob:
             continue
@@ -66,50 +63,33 @@ def _prerequisite(op, seed_source: str, task) -> tuple[Edit, str] | None:
     return None
 
 
-def _block_choices(seed_source: str, task) -> list[tuple[tuple[str, int], ...]]:
-    """The block sizes the grid tries, largest first: for a seed with BLOCK_Q and BLOCK_KV the
-    pairs of GRID_BLOCKS that are legal; for any other seed, the largest few legal values of each
-    block-size tunable its kernel has (the task says which values are legal)."""
-    from mutations import legal_values, read_tunables
-
-    legal = {name: legal_values(name, task) for name in read_tunables(seed_source)
-             if name.startswith("BLOCK_") and legal_values(name, task)}
-    if {"BLOCK_Q", "BLOCK_KV"} <= set(legal):
-        q_ok, kv_ok = set(legal["BLOCK_Q"]), set(legal["BLOCK_KV"])
-        pairs = [(q, kv) for q, kv in GRID_BLOCKS if q in q_ok and kv in kv_ok] or [(max(q_ok), max(kv_ok))]
-        return [(("BLOCK_Q", q), ("BLOCK_KV", kv)) for q, kv in sorted(pairs, key=lambda p: -p[0] * p[1])]
-    choices = [[(name, v) for v in sorted(values)[-GRID_LARGEST:]] for name, values in sorted(legal.items())]
-    return sorted(itertools.product(*choices), key=lambda c: -math.prod(v for _, v in c))
-
-
 def _grid(executor: Executor, judge: Judge, seed_source: str, task, singles: dict[str, list[Entry]],
           best_cycles: int | None) -> tuple[Entry | None, int]:
-    """Every other operator at its best, over blocks x heads per program x diagonal strips, judged
-    best-looking first in batches; kernels over GRID_PRUNE x the best PASS so far are PRUNED."""
+    """Every other operator at its best, over the knobs' settings (each knob's ``grid_settings``;
+    the block shape outermost, largest first), judged best-looking first in batches; kernels over
+    GRID_PRUNE x the best PASS so far are PRUNED. Returns the best and the grid's name."""
     # Each other operator at its best passing parameters (an operator none of whose variants
     # passed, e.g. one the estimate cannot time, stays out).
-    fixed = [best.edits[-1] for name, group in singles.items()
-             if name not in _knobs() and (best := _best(group)) is not None]
-    vmem = max((e.edits[-1] for e in singles.get("vmem_limit", [])), key=lambda x: x.params.get("mib", 0),
-               default=None)
-    heads = [None] + [e.edits[-1] for e in singles.get("head_coarsening", [])]
-    strips = [None] + sorted({e.edits[-1].params["strip"]: e.edits[-1] for e in singles.get("diagonal_strips", [])
-                              }.items())
-    block_edits = [[Edit("block_sizes", {"tunable": name, "value": value}) for name, value in blocks]
-                   for blocks in _block_choices(seed_source, task)]
-    # block_sizes' own best alone too: a kernel whose blocks are not module-level constants (a
-    # production module's fields, which the grid above does not vary) gets its blocks from there.
-    if (alone := _best(singles.get("block_sizes", []))) is not None:
-        block_edits.append([alone.edits[-1]])
+    fixed = tuple(best.edits[-1] for name, group in singles.items()
+                  if name not in _knobs() and (best := _best(group)) is not None)
+    # Each knob's settings (its own say, from what it did alone); the shape outermost.
+    knobs = sorted((op for op in all_operators() if op.knob), key=lambda op: (not op.sets_shape, op.chain_rank))
+    axes = []
+    for op in knobs:
+        group = singles.get(op.name, [])
+        best = _best(group)
+        axes.append((op.chain_rank, op.grid_settings(seed_source, task, [e.edits[-1] for e in group],
+                                                     best.edits[-1] if best else None)))
     candidates, seen = [], set()
-    for blocks in block_edits:
-        for hc in heads:
-            for strip in strips:
-                edits = ([hc] if hc else []) + fixed + ([vmem] if vmem else []) + blocks + ([strip[1]] if strip else [])
-                source, kept = replay_applicable(seed_source, edits, task)
-                if source not in seen:
-                    seen.add(source)
-                    candidates.append(Entry("all operators together", tuple(kept), source))
+    for point in itertools.product(*(settings for _, settings in axes)):
+        # The chain in rank order: knobs before the other rewrites (rank < 0), then those, then the rest.
+        ranked = sorted([(0, False, fixed)] + [(rank, True, s) for (rank, _), s in zip(axes, point)],
+                        key=lambda r: r[:2])
+        edits = [edit for _, _, group in ranked for edit in group]
+        source, kept = replay_applicable(seed_source, edits, task)
+        if source not in seen:
+            seen.add(source)
+            candidates.append(Entry("all operators together", tuple(kept), source))
     judged: list[Entry] = []
     workers = executor.workers
     for start in range(0, len(candidates), workers):
@@ -121,7 +101,8 @@ def _grid(executor: Executor, judge: Judge, seed_source: str, task, singles: dic
             if result.ok and result.metrics.estimated_cycles:
                 best_cycles = min(best_cycles or result.metrics.estimated_cycles, result.metrics.estimated_cycles)
     best = _best(judged) or (judged[0] if judged else None)
-    return best, len(judged)
+    varied = [op.name for op, (_, settings) in zip(knobs, axes) if len(settings) > 1]
+    return best, f"best of {len(judged)} in a grid of {' x '.join(varied) or 'one point'}"
 
 
 def drop_what_does_not_pay(executor: Executor, judge: Judge, seed_source: str, task, best: Entry
@@ -130,10 +111,11 @@ def drop_what_does_not_pay(executor: Executor, judge: Judge, seed_source: str, t
     size (edits that then no longer apply drop too); if a variant is faster, keep the fastest and
     go again; stop when no drop pays. Returns the kernel and the operators dropped, in order."""
     dropped: list[str] = []
+    shape_op = getattr(shape_operator(), "name", None)
     while best.result is not None and best.result.ok:
         variants = []
         for i, edit in enumerate(best.edits):
-            if edit.op == "block_sizes":
+            if edit.op == shape_op:
                 continue
             source, kept = replay_applicable(seed_source, [*best.edits[:i], *best.edits[i + 1:]], task)
             if source != best.source and source not in {v.source for _, v in variants}:
@@ -177,7 +159,7 @@ def run_ablation(judge: Judge, seed_source: str, task, *, peers: dict[str, Path]
     ours = [e for e in batch if not e.peer and e.result.ok]
     best_cycles = min((e.result.metrics.estimated_cycles for e in ours if e.result.metrics.estimated_cycles),
                       default=None)
-    grid, tried = _grid(executor, judge, seed_source, task, singles, best_cycles)
+    grid, grid_name = _grid(executor, judge, seed_source, task, singles, best_cycles)
 
     rows = [batch[0]]
     for op in ops:
@@ -187,7 +169,7 @@ def run_ablation(judge: Judge, seed_source: str, task, *, peers: dict[str, Path]
         if best is not None:
             rows.append(best)
     if grid is not None:
-        label = f"all operators together (best of {tried} in a grid of blocks x heads per program x strips)"
+        label = f"all operators together ({grid_name})"
         rows.append(dataclasses.replace(grid, label=label))
         best, dropped = drop_what_does_not_pay(executor, judge, seed_source, task, grid)
         if dropped:

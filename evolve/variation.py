@@ -49,7 +49,7 @@ def mutate(parent: Individual, task: Any, rng: random.Random, generation: int, m
             result = op.apply(source, task, rng)
             if result.applied and result.source != source and result.edit is not None:
                 source, chain = result.source, chain + [result.edit]
-                # What this edit made applicable (diagonal strips after causal_skip) is drawn
+                # What this edit made applicable (an operator whose precondition it met) is drawn
                 # next, in the same move: a prerequisite that does not pay alone is not judged alone.
                 unlocked = {o.name for o in pool if o.name not in before and o.name not in used
                             and o.check(source, task)}
@@ -84,8 +84,8 @@ def covering_shapes(values: list[list[int]], current: tuple[int, ...], rng: rand
 
 def stack(source: str, task: Any, rng: random.Random, operators: list) -> tuple[str, list[Edit]]:
     """Every operator of ``operators`` that applies, once each, in a random order, until none
-    that is left applies (an edit that makes another applicable, causal_skip before diagonal
-    strips, lets it in): the kitchen sink. Its edits are what drop moves prune afterwards."""
+    that is left applies (an edit that makes another applicable, by meeting its precondition,
+    lets it in): the kitchen sink. Its edits are what drop moves prune afterwards."""
     chain: list[Edit] = []
     left = list(operators)
     while True:

@@ -103,6 +103,9 @@ class Operator(abc.ABC):
     # A knob: a parameter to tune, not a rewrite to have or not (the ablation grids knobs, and takes
     # every other operator at its best alone).
     knob: ClassVar[bool] = False
+    # Where a knob's edit goes in a chain the ablation's grid replays (lower first; every rewrite
+    # that is not a knob sits at 0), and, shape first, how the grid nests its knobs.
+    chain_rank: ClassVar[int] = 0
     # The judge's verdicts (Status values) this operator's rewrite can turn into a pass, e.g. a
     # VMEM limit for FAIL_VMEM: the search tries the repair on a child that failed that way
     # (``repair_params`` says how), since such a child is often a step that pays once repaired.
@@ -136,6 +139,13 @@ class Operator(abc.ABC):
     def shape_moves(self, source: str, task: Any, shape: dict[str, int]) -> list[dict[str, Any]]:
         """The parameters of the edits that set ``source``'s block shape to ``shape``, in order."""
         raise NotImplementedError(f"{self.name} does not set a block shape")
+
+    def grid_settings(self, source: str, task: Any, tried: list[Any], best: Any | None
+                      ) -> list[tuple[Any, ...]]:
+        """A knob's settings for the ablation's grid on ``source``, each a tuple of edits (``()``:
+        leave it), given the edits ``tried`` alone on the seed and the ``best`` of them that passed
+        (None if none did). By default: leave it, or each setting tried."""
+        return [()] + [(edit,) for edit in tried]
 
     def moves(self, source: str, task: Any) -> tuple[str, ...]:
         """The tunables this operator may set on ``source`` for ``task`` (default: ``tunables``)."""

@@ -160,6 +160,11 @@ class SeedTask:
         task does not know the tunable (operators then leave it alone)."""
         return None
 
+    def grid_shapes(self) -> list[dict[str, int]] | None:
+        """The block shapes (tunable -> value) a grid over this task's kernels tries first, e.g.
+        the ablation's; None: the operator that sets the shape picks (its largest legal values)."""
+        return None
+
     def looked_up(self, tunable: str) -> int | None:
         """The value a production module picks itself for a tunable it leaves None (a tuned
         table's entry for this problem on the seed's default chip), or None if the task does not

@@ -66,6 +66,7 @@ class DiagonalStrips(Operator):
     name = "diagonal_strips"
     tunables = ("DIAGONAL_STRIP",)
     knob = True
+    chain_rank = 3           # after the blocks: a strip divides the block it strips
     description = ("Causal, after causal_skip: compute a diagonal block as row strips of "
                    "DIAGONAL_STRIP rows, each seeing only the kv columns up to the diagonal "
                    "(the masked triangle above it is never computed).")
@@ -108,6 +109,12 @@ class DiagonalStrips(Operator):
         except NotApplicable as exc:
             return Applicability(False, str(exc))
         return APPLICABLE
+
+    def grid_settings(self, source: str, task: Any, tried: list[Any], best: Any | None
+                      ) -> list[tuple[Any, ...]]:
+        """No strips, or each strip height tried, lowest first."""
+        heights = {edit.params["strip"]: edit for edit in tried}
+        return [()] + [(heights[h],) for h in sorted(heights)]
 
     def _sample(self, module, task, rng: random.Random) -> dict[str, Any]:
         current = module_ints(module).get(TUNABLE)

@@ -116,6 +116,7 @@ class HeadCoarsening(Operator):
     name = "head_coarsening"
     tunables = ("HEADS_PER_PROGRAM",)
     knob = True
+    chain_rank = -1          # first: the other rewrites then see the per-head body
     description = ("Process HEADS_PER_PROGRAM heads per program: q/k/v enter once per head with "
                    "one-head BlockSpecs (contiguous DMAs), the output holds a program's heads side by "
                    "side along lanes, the grid's head axis shrinks, scratch gains a head axis, the body "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import math
 import random
 from typing import Any
 
@@ -9,8 +11,12 @@ import libcst as cst
 
 from . import block_fields as F
 from .. import _sites
-from .._base import APPLICABLE, Applicability, NotApplicable, Operator, parse
-from .._tunables import module_ints, set_tunable
+from .._base import APPLICABLE, Applicability, Edit, NotApplicable, Operator, parse
+from .._tunables import module_ints, read_tunables, set_tunable
+
+# A grid over a kernel's block constants (the ablation's), where its task names no grid points of
+# its own: each block tunable's this many largest legal values.
+GRID_LARGEST = 3
 
 def legal_values(name: str, task: Any) -> list[int]:
     """Legal values of a block knob, ascending: the task's rule (the seed knows its kernel's
@@ -114,6 +120,7 @@ class BlockSizes(Operator):
     name = "block_sizes"
     knob = True
     sets_shape = True
+    chain_rank = 2
     description = ("Move one block-size tunable (a module-level constant such as BLOCK_Q, BLOCK_KV or "
                    "HEADS_PER_PROGRAM) to another value its task declares legal, or scale the block "
                    "shape (every block tunable but the heads per program) by 2 or 1/2 at once.")
@@ -133,6 +140,25 @@ class BlockSizes(Operator):
         if not set(shape) & set(read_tunables(source)):
             return [{"shape": dict(shape)}]
         return [{"tunable": n, "value": v} for n, v in shape.items()]
+
+    def grid_settings(self, source: str, task: Any, tried: list[Edit], best: Edit | None
+                      ) -> list[tuple[Edit, ...]]:
+        """Block shapes, largest first: the task's own grid points (``task.grid_shapes()``) that
+        are legal (else its largest legal shape), or where it names none the GRID_LARGEST largest
+        legal values of each module-level ``BLOCK_*`` constant; and the best move tried alone (a
+        module whose blocks are fields, which this grid does not vary, gets its blocks there)."""
+        legal = {name: values for name in read_tunables(source)
+                 if name.startswith("BLOCK_") and (values := legal_values(name, task))}
+        named = getattr(task, "grid_shapes", lambda: None)()
+        if named and all(set(shape) <= set(legal) for shape in named):
+            points = ([shape for shape in named if all(v in legal[n] for n, v in shape.items())]
+                      or [{name: max(legal[name]) for name in named[0]}])
+        else:
+            choices = [[(name, v) for v in sorted(values)[-GRID_LARGEST:]] for name, values in sorted(legal.items())]
+            points = [dict(choice) for choice in itertools.product(*choices)]
+        points.sort(key=lambda shape: -math.prod(shape.values()))
+        settings = [tuple(Edit(self.name, {"tunable": n, "value": v}) for n, v in shape.items()) for shape in points]
+        return settings + ([(best,)] if best is not None else [])
 
     def moves(self, source: str, task: Any) -> tuple[str, ...]:
         """The source's module-level constants that the task declares legal values for."""

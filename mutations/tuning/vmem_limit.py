@@ -22,6 +22,7 @@ class VmemLimit(Operator):
     name = "vmem_limit"
     tunables = ("VMEM_LIMIT_BYTES",)
     knob = True
+    chain_rank = 1
     repairs = ("FAIL_VMEM",)
     description = ("Set the kernel's scoped VMEM limit (VMEM_LIMIT_BYTES passed as "
                    "pltpu.CompilerParams(vmem_limit_bytes=...)) to another value in 16..96 MiB.")
@@ -77,6 +78,13 @@ class VmemLimit(Operator):
             return None
         current = self._current_mib(parse(source))
         return {"mib": LIMITS_MIB[-1]} if current is None or current < LIMITS_MIB[-1] else None
+
+    def grid_settings(self, source: str, task: Any, tried: list[Any], best: Any | None
+                      ) -> list[tuple[Any, ...]]:
+        """The largest limit tried: a limit costs nothing but room, so the grid does not vary it."""
+        if not tried:
+            return [()]
+        return [(max(tried, key=lambda edit: edit.params.get("mib", 0)),)]
 
     def _sample(self, module, task, rng: random.Random) -> dict[str, Any]:
         current = self._current_mib(module)

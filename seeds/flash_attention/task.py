@@ -22,6 +22,9 @@ DISTRIBUTIONS = ("normal", "outliers", "tempered")
 TEMPERATURES = (0.25, 16.0)
 SEQ_TILE = 128            # sequence blocks are multiples of the 128-lane tile
 MAX_SEQ_BLOCK = 2048
+# The (BLOCK_Q, BLOCK_KV) points a grid over this kernel tries: square blocks and the two
+# lopsided largest ones (the ablation's grid; smaller blocks never won it).
+GRID_BLOCKS = ((512, 512), (1024, 1024), (2048, 2048), (1024, 2048), (2048, 1024))
 MAX_HEADS_PER_PROGRAM = 8
 
 # |out - ref| <= atol + rtol * |ref|, elementwise, on top of strict shape / dtype / NaN checks.
@@ -144,6 +147,9 @@ class Task(SeedTask):
         program takes."""
         return dataclasses.replace(self, batch=1, heads=tunables.get("HEADS_PER_PROGRAM", 1),
                                    seq_len=min(self.seq_len, 128), dtype="float32")
+
+    def grid_shapes(self) -> list[dict[str, int]]:
+        return [{"BLOCK_Q": q, "BLOCK_KV": kv} for q, kv in GRID_BLOCKS]
 
     def legal_values(self, tunable: str) -> list[int] | None:
         """Sequence blocks: multiples of the 128-lane tile dividing N, up to 2048 (beyond it a

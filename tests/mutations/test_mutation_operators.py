@@ -322,3 +322,25 @@ def test_operators_that_compose_give_one_kernel_in_either_order():
         assert seed_with(a, b) == seed_with(b, a), (a.op, b.op)
     a, b = Edit("grouped_heads"), Edit("split_kv", {"splits": 4})
     assert seed_with(a, b, case=DECODE) == seed_with(b, a, case=DECODE)
+
+
+def test_block_sizes_grid_settings_are_the_tasks_points_else_the_largest_legal_values():
+    """The ablation's block grid: the flash seed's own points (``grid_shapes``) largest first; a
+    task naming none gets the 3 largest legal values of each BLOCK_* constant; then the best alone."""
+    from seeds import load_seed
+    from seeds.flash_decoding.task import Task as DecodeTask
+
+    op = get_operator("block_sizes")
+    source = load_seed("flash_attention").kernel_source
+    points = [tuple((e.params["tunable"], e.params["value"]) for e in s)
+              for s in op.grid_settings(source, AttentionTask(), [], None)]
+    assert points == [(("BLOCK_Q", 2048), ("BLOCK_KV", 2048)), (("BLOCK_Q", 1024), ("BLOCK_KV", 2048)),
+                      (("BLOCK_Q", 2048), ("BLOCK_KV", 1024)), (("BLOCK_Q", 1024), ("BLOCK_KV", 1024)),
+                      (("BLOCK_Q", 512), ("BLOCK_KV", 512))]
+    # N=512: only (512, 512) of the task's points is legal.
+    assert len(op.grid_settings(source, AttentionTask(seq_len=512), [], None)) == 1
+    decode = DecodeTask()
+    settings = op.grid_settings(load_seed("flash_decoding").kernel_source, decode, [],
+                                best := Edit("block_sizes", {"tunable": "BLOCK_KV", "value": 256}))
+    legal = sorted(decode.legal_values("BLOCK_KV"))[-3:]
+    assert [s[0].params["value"] for s in settings[:-1]] == legal[::-1] and settings[-1] == (best,)

@@ -185,3 +185,22 @@ def test_illegal_parameters_are_refused_never_raised(op, case):
     assert accepted == known, f"fixed, remove from KNOWN_ACCEPTED: {sorted(known - accepted, key=str)}"
     if known:
         pytest.xfail("; ".join(KNOWN_ACCEPTED[k] for k in sorted(known, key=str)))
+
+
+KNOB_CASES = [p for p in APPLICABLE if p.values[0].knob]
+
+
+@pytest.mark.parametrize("op,case", KNOB_CASES)
+def test_a_knob_gives_the_ablation_grid_settings_of_its_own_edits_that_apply(op, case):
+    """``grid_settings`` (what the ablation's grid varies a knob over): a non-empty list of tuples of
+    this operator's edits, each of which applies to the seed (or is where the seed already is)."""
+    tried = [r.edit for seed in RNG_SEEDS if (r := op.apply(case.source, case.task, random.Random(seed))).applied]
+    settings = op.grid_settings(case.source, case.task, tried, tried[0] if tried else None)
+    assert settings and all(isinstance(s, tuple) for s in settings)
+    for setting in settings:
+        source = case.source
+        for edit in setting:
+            assert isinstance(edit, Edit) and edit.op == op.name
+            result = op.apply_params(source, case.task, edit.params)
+            assert result.applied or result.reason == "the rewrite changes nothing", (edit, result.reason)
+            source = result.source
