@@ -27,6 +27,7 @@ from evaluator.result import EvalResult, Metrics, Status
 from evolve.config import JudgeSettings, RunConfig, SearchConfig, TaskConfig
 from evolve.start import resolve_start
 from evolve.strategies import strategy_class
+from mutations import block_values
 
 
 def main() -> int:
@@ -45,6 +46,7 @@ def main() -> int:
                    help="another [search] setting, as in the configuration file (e.g. tweak_prob=0)")
     p.add_argument("--strategy", default="ga")
     p.add_argument("--cache", default=None, help="the figures' cache (default /tmp/search-replay-CHIP-TASK.json)")
+    p.add_argument("--trace", action="store_true", help="also print every kernel taken: its move and figure")
     p.add_argument("--start", default=None, help="start from this module or file (as evolve run --start)")
     a = p.parse_args()
     settings = {key: json.loads(value) for key, value in (item.split("=", 1) for item in a.set)}
@@ -93,6 +95,12 @@ def main() -> int:
             champion = search.run(executor)
         reached = next((i + 1 for i, ind in enumerate(search.taken) if a.target and ind.passed
                         and ind.result.metrics.estimated_cycles <= a.target), None)
+        if a.trace:
+            for i, ind in enumerate(search.taken, 1):
+                m = ind.result.metrics
+                shape = {k: v for k, v in block_values(ind.source, task).items()}
+                print(f"  {i:3d} gen {ind.generation} {ind.operator:18s} {ind.result.status.value:12s} "
+                      f"{m.estimated_cycles or '-':>9} {shape} {[e['op'] for e in ind.edits]}")
         edits = " -> ".join(e["op"] + (f"{e['params']}" if e.get("params") else "") for e in champion.edits)
         print(f"RNG seed {rng_seed}: champion {champion.result.metrics.estimated_cycles:,} cycles after "
               f"{len(search.taken)} kernels ({time.monotonic() - start:.0f} s)"
