@@ -249,8 +249,9 @@ def format_suite(outcomes: list[TaskOutcome], budget: int) -> str:
             continue
         reach = o.evals_to_target if o.evals_to_target is not None else f">{o.kernels}"
         margin = f"{o.margin:.3f}x" if o.margin else "-"
-        lines.append(f"| {o.label} (`{o.task_key}`) | {o.chip} | {_fmt(o.champion)} | {o.peer or '-'}: "
-                     f"{_fmt(o.peer_cost)} | {margin} | {_fmt(o.best_known)} | {reach} | {o.judged} / "
+        peer = f"{o.peer}: {_fmt(o.peer_cost)}" if o.peer else "none passed (or the seed names none)"
+        lines.append(f"| {o.label} (`{o.task_key}`) | {o.chip} | {_fmt(o.champion)} | {peer} "
+                     f"| {margin} | {_fmt(o.best_known)} | {reach} | {o.judged} / "
                      f"{o.kernels} | {o.minutes:.1f} |")
     g = geomean_margin(outcomes)
     lines += ["", f"geometric-mean margin over the peers: {g:.3f}x" if g else "geometric-mean margin: -",
