@@ -38,9 +38,14 @@ class Trial:
     minutes: float
 
 
-def _cost(ind) -> float | None:
-    m = ind.result.metrics
+def result_cost(result) -> float | None:
+    """A verdict's cost: its estimated cycles, else its measured latency (None: neither)."""
+    m = result.metrics
     return float(m.estimated_cycles) if m.estimated_cycles else m.latency_s
+
+
+def _cost(ind) -> float | None:
+    return result_cost(ind.result)
 
 
 def run_trial(config: RunConfig, data_dir: str, run_id: str, strategy: str, repeat: int,

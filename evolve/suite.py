@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from evolve.bench import result_cost as _cost
 from evolve.config import JudgeSettings, RunConfig, TaskConfig
 from evolve.errors import UsageError
 
@@ -139,11 +140,6 @@ def suite_tasks(name: str) -> tuple[SuiteTask, ...]:
         item.task_config().task()            # an unknown seed or a bad shape: one line now
         tasks.append(item)
     return tuple(tasks)
-
-
-def _cost(result) -> float | None:
-    m = result.metrics
-    return float(m.estimated_cycles) if m.estimated_cycles else m.latency_s
 
 
 def _cached_peers(path: Path) -> dict[str, Any]:
@@ -273,11 +269,18 @@ def write_suite(out: Path, outcomes: list[TaskOutcome], meta: dict[str, Any], ta
 BEGIN, END = "<!-- suite:begin -->", "<!-- suite:end -->"
 
 
+def page_text(page: Path) -> str:
+    """``page``'s text; UsageError if it is not a file with the suite's two markers."""
+    text = page.read_text() if page.is_file() else ""
+    if BEGIN not in text or END not in text:
+        raise UsageError(f"{page} is not a page with a {BEGIN} ... {END} block; add the two markers "
+                         "where the table goes")
+    return text
+
+
 def write_into(page: Path, block: str) -> None:
     """Replace the text between the suite's markers in ``page`` with ``block``."""
-    text = page.read_text()
-    if BEGIN not in text or END not in text:
-        raise UsageError(f"{page} has no {BEGIN} ... {END} block; add the two markers where the table goes")
+    text = page_text(page)
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
     page.write_text(f"{head}{BEGIN}\n{block}\n{END}{tail}")

@@ -43,6 +43,8 @@ class BenchCommand(Command):
         from evolve.start import resolve_start
         from evolve.strategies import strategy_class
 
+        if args.budget < 1:
+            raise UsageError(f"--budget must be at least 1 kernel, got {args.budget}")
         if args.suite is not None:
             return self._suite(args)
         if args.write:
@@ -52,8 +54,6 @@ class BenchCommand(Command):
             raise UsageError("--strategies is empty; give one or more of ga, ratchet, random")
         for name in strategies:
             strategy_class(name)
-        if args.budget < 1:
-            raise UsageError(f"--budget must be at least 1 kernel, got {args.budget}")
         if args.repeats < 1:
             raise UsageError(f"--repeats must be at least 1, got {args.repeats}")
         args.population = args.generations = args.prune_factor = args.lag = args.config = None
@@ -113,13 +113,10 @@ class BenchCommand(Command):
                  if getattr(args, k, None) is not None]
         if given:
             raise UsageError(f"--suite runs its own tasks; drop {', '.join(given)} (or run evolve run for one task)")
-        if args.budget < 1:
-            raise UsageError(f"--budget must be at least 1 kernel, got {args.budget}")
         tasks = S.suite_tasks(args.suite)
         pages = [Path(p) for p in args.write]
-        for page in pages:
-            if not page.is_file() or S.BEGIN not in page.read_text() or S.END not in page.read_text():
-                raise UsageError(f"--write {page}: no such page with {S.BEGIN} ... {S.END}; add the markers")
+        for page in pages:        # before any run: a bad page costs nothing
+            S.page_text(page)
         fingerprint = S.judge_fingerprint()
         data_dir = Path(args.data_dir) / "suite" / fingerprint
         data_dir.mkdir(parents=True, exist_ok=True)

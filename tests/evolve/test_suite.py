@@ -77,6 +77,8 @@ def test_a_bad_suite_file_is_one_line_exit_2_and_nothing_stored(tmp_path, text, 
     (["--suite", "nope"], "no suite 'nope'"),
     (["--suite", "--shape", "B=1"], "drop --shape"),
     (["--write", "README.md"], "--write goes with --suite"),
+    (["--suite", "--write", "no_such_page.md"], "is not a page with"),
+    (["--suite", "--budget", "0"], "--budget must be at least 1"),
 ])
 def test_bad_suite_arguments_are_one_line_exit_2(tmp_path, args, fragment):
     r = evolve("bench", *args, "--data-dir", str(tmp_path / "d"))
