@@ -38,11 +38,6 @@ def variants(op, source: str, task, tries: int = 60, limit: int = 12) -> list[tu
     return [(edit, src) for src, edit in seen.items()]
 
 
-def _knobs() -> set[str]:
-    """The operators that are knobs (``Operator.knob``): the grid tunes them together."""
-    return {op.name for op in all_operators() if op.knob}
-
-
 GRID_PRUNE = 1.25      # grid kernels estimated over this x the best so far end PRUNED
 
 
@@ -68,12 +63,14 @@ def _grid(executor: Executor, judge: Judge, seed_source: str, task, singles: dic
     """Every other operator at its best, over the knobs' settings (each knob's ``grid_settings``;
     the block shape outermost, largest first), judged best-looking first in batches; kernels over
     GRID_PRUNE x the best PASS so far are PRUNED. Returns the best and the grid's name."""
+    # The knobs (``Operator.knob``), tuned together; the shape outermost.
+    knobs = sorted((op for op in all_operators() if op.knob), key=lambda op: (not op.sets_shape, op.chain_rank))
     # Each other operator at its best passing parameters (an operator none of whose variants
     # passed, e.g. one the estimate cannot time, stays out).
+    names = {op.name for op in knobs}
     fixed = tuple(best.edits[-1] for name, group in singles.items()
-                  if name not in _knobs() and (best := _best(group)) is not None)
-    # Each knob's settings (its own say, from what it did alone); the shape outermost.
-    knobs = sorted((op for op in all_operators() if op.knob), key=lambda op: (not op.sets_shape, op.chain_rank))
+                  if name not in names and (best := _best(group)) is not None)
+    # Each knob's settings (its own say, from what it did alone).
     axes = []
     for op in knobs:
         group = singles.get(op.name, [])
