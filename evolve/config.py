@@ -80,7 +80,9 @@ class TaskConfig:
     """The seed (a built-in name or a seed directory's path) and its problem. ``shape`` None: the
     seed's default; ``causal`` and ``dtype`` None: the seed's default (not every seed has them);
     ``chips`` None: one chip (more only for a seed whose tasks offer a mesh: ``mesh_sizes``);
-    ``start`` None: the seed's kernel.py, else the kernel the run starts from (evolve/start.py)."""
+    ``start`` None: the seed's kernel.py, else the kernel the run starts from (evolve/start.py);
+    ``reference``: a reference file (seeds/reference.py) is the task instead of a seed's, its
+    kernel's entry found in the start's source or named by ``entry``."""
 
     seed: str = "flash_attention"
     shape: str | None = None
@@ -88,20 +90,35 @@ class TaskConfig:
     dtype: str | None = None
     chips: int | None = None
     start: str | None = None
+    reference: str | None = None
+    entry: str | None = None
 
     def __post_init__(self) -> None:
+        if self.reference:     # stored with the run as an absolute path: a resume from elsewhere finds it
+            object.__setattr__(self, "reference", str(Path(self.reference).expanduser().absolute()))
+            given = [f"--{k}" for k in ("shape", "causal", "dtype") if getattr(self, k) is not None]
+            given += ["--chips"] if self.chips not in (None, 1) else []
+            if given:
+                verb = "does" if len(given) == 1 else "do"
+                raise UsageError(f"{' and '.join(given)} {verb} not apply to --reference: the reference file's "
+                                 "create_inputs() sets the shapes and dtypes; drop them")
         self.load_seed()
 
     def load_seed(self):
         from seeds import SeedError, load_seed
+        from seeds.reference import reference_seed
 
         try:
-            return load_seed(self.seed)
+            return reference_seed(self.reference) if self.reference else load_seed(self.seed)
         except SeedError as exc:
             raise UsageError(str(exc)) from None
 
-    def task(self):
+    def task(self, kernel_source: str | None = None):
+        """The task; for a reference file, its entry is found in ``kernel_source`` (default: the
+        start's source)."""
         seed = self.load_seed()
+        if self.reference:
+            return self._reference_task(seed, kernel_source)
         options = {k: v for k, v in (("causal", self.causal), ("dtype", self.dtype)) if v is not None}
         sizes = seed.task_class.mesh_sizes
         if self.chips is not None and self.chips not in sizes:
@@ -113,6 +130,18 @@ class TaskConfig:
             return seed.task(self.shape, **options)
         except ValueError as exc:
             raise UsageError(f"bad task for seed {seed.name}: {exc}") from None
+
+    def _reference_task(self, seed, kernel_source: str | None):
+        from evolve.start import resolve_start
+        from seeds import SeedError
+        from seeds.reference import Task
+
+        if kernel_source is None and self.start:
+            kernel_source = resolve_start(self.start, seed).source
+        try:
+            return Task.read(self.reference, kernel_source, self.entry)
+        except SeedError as exc:
+            raise UsageError(str(exc)) from None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -69,7 +69,13 @@ def resolve_start(spec: str | None, seed, *, file: bool = False) -> Start:
     looks like (a command's FILE argument). UsageError when it cannot be read."""
     spec = (spec or "").strip()
     if not spec:
-        return Start("", "seed", seed.name, str(seed.kernel_path), _read(seed.kernel_path, spec))
+        from seeds import SeedError
+
+        try:
+            path = seed.kernel_path
+        except SeedError as exc:      # a reference file: no kernel of its own
+            raise UsageError(str(exc)) from None
+        return Start("", "seed", seed.name, str(path), _read(path, spec))
     declared = declared_starts(seed)
     if spec in declared and not file:
         return _module_start(spec, declared[spec])

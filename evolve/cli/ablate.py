@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from evolve.cli.common import Command, add_json_alias, print_json
-from evolve.cli.eval import check_tiling, load_seed_arg, start_from_args, task_from_args
+from evolve.cli.eval import check_tiling, seed_from_args, start_from_args, task_from_args
 from evolve.errors import UsageError
 
 
@@ -27,7 +27,7 @@ class AblateCommand(Command):
         from evolve.executors.base import open_executor
 
         task = task_from_args(args)
-        seed = load_seed_arg(args.seed)
+        seed = seed_from_args(args)
         start = start_from_args(args, seed)
         check_tiling(start.source, task)
         settings = JudgeSettings(chip=args.chip, workers=args.workers or 0, executor=args.executor or "local",

@@ -109,7 +109,8 @@ class BenchCommand(Command):
         from evolve import suite as S
         from evolve.run import new_run_id
 
-        given = [f"--{k.replace('_', '-')}" for k in ("seed", "chip", "shape", "causal", "dtype", "chips", "start")
+        given = [f"--{k.replace('_', '-')}" for k in ("seed", "chip", "shape", "causal", "dtype", "chips", "start",
+                                                     "reference", "entry")
                  if getattr(args, k, None) is not None]
         if given:
             raise UsageError(f"--suite runs its own tasks; drop {', '.join(given)} (or run evolve run for one task)")

@@ -84,6 +84,12 @@ def task_parser() -> argparse.ArgumentParser:
     parser.add_argument("--chips", type=int, default=None,
                         help="the task's mesh: 1 (default) or, for seeds that offer one (flash_decoding), 4 "
                              "(a v5e 2x2; a kernel that sets CHIPS = 4 is the per-chip program)")
+    parser.add_argument("--reference", default=None, metavar="R.py",
+                        help="a reference file as the task instead of a seed: create_inputs() (example arrays) "
+                             "and workload(*inputs) (plain JAX); the kernel is the command's FILE or --start")
+    parser.add_argument("--entry", default=None, metavar="NAME",
+                        help="with --reference: the kernel's entry function (default: its one public "
+                             "function that calls pallas_call and takes the workload's inputs)")
     return parser
 
 

@@ -20,17 +20,33 @@ def load_seed_arg(name_or_path: str):
         raise UsageError(str(exc)) from None
 
 
-def task_from_args(args: argparse.Namespace, default_seed: str = "flash_attention"):
+def task_from_args(args: argparse.Namespace, default_seed: str = "flash_attention", path: str | None = None):
     """The task the shared task flags (cli.common.task_parser) name; what is not given, the defaults
-    (``default_seed`` on its seed's default chip). Sets ``args.seed`` and ``args.chip`` to what was used."""
+    (``default_seed`` on its seed's default chip). Sets ``args.seed`` and ``args.chip`` to what was used.
+    With ``--reference``, the kernel (``path`` or ``--start``) names the entry."""
     from evolve.config import TaskConfig
 
+    reference = getattr(args, "reference", None)
+    if reference and args.seed:
+        raise UsageError(f"--seed {args.seed} and --reference {reference} both name the task; give one")
     args.seed = args.seed or default_seed
-    args.chip = args.chip or load_seed_arg(args.seed).task_class.default_chip
+    config = TaskConfig(seed=args.seed, shape=args.shape, causal=args.causal, dtype=args.dtype, chips=args.chips,
+                        start=getattr(args, "start", None), reference=reference, entry=getattr(args, "entry", None))
+    args.chip = args.chip or config.load_seed().task_class.default_chip
     if args.chip not in CHIPS:
         raise UsageError(f"unknown chip {args.chip!r}; use --chip with one of: {', '.join(CHIPS)}")
-    return TaskConfig(seed=args.seed, shape=args.shape, causal=args.causal, dtype=args.dtype,
-                      chips=args.chips).task()
+    if reference and path:
+        from evolve.start import resolve_start
+
+        return config.task(resolve_start(path, config.load_seed(), file=True).source)
+    return config.task()
+
+
+def seed_from_args(args: argparse.Namespace):
+    """The seed the task flags name: a reference file's (``--reference``) or ``--seed``'s."""
+    from evolve.config import TaskConfig
+
+    return TaskConfig(seed=args.seed, reference=getattr(args, "reference", None)).load_seed()
 
 
 def start_from_args(args: argparse.Namespace, seed, path: str | None = None):
@@ -106,14 +122,17 @@ class EvalCommand(Command):
         from evaluator.judge import Judge
         from evolve.config import JudgeSettings
 
-        task = task_from_args(args)
+        if args.path and not Path(args.path).is_file():
+            raise UsageError(f"no kernel file at {args.path}; give the path of a Python file that defines "
+                             "the task's entry point")
+        task = task_from_args(args, path=args.path)
         wanted = f"defines the seed's entry point {task.entry}({', '.join(task.input_names)}, ...)"
         if not args.path and not args.start:
             raise UsageError(f"a kernel is required: give the path of a Python file that {wanted}, or "
                              "--start MODULE_OR_FILE")
         if args.path and not Path(args.path).is_file():
             raise UsageError(f"no kernel file at {args.path}; give the path of a Python file that {wanted}")
-        start = start_from_args(args, load_seed_arg(args.seed), args.path)
+        start = start_from_args(args, seed_from_args(args), args.path)
         source, shown = start.source, args.path or start.label
         try:
             compile(source, start.path, "exec")
@@ -127,6 +146,9 @@ class EvalCommand(Command):
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         result = judge.evaluate(source, task)
+        if getattr(args, "reference", None) and (result.error or "").startswith("output shape"):
+            raise UsageError(f"the kernel and the reference file's workload disagree: {result.error}; "
+                             "make workload return what the kernel does")
         if args.format == "json":
             print_json({**result.to_dict(), "start": start.record()}, indent=None)
         else:

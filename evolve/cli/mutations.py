@@ -54,7 +54,7 @@ class MutateCommand(Command):
 
     def take_action(self, args: argparse.Namespace) -> int:
         # Errors are returned, not raised: this command also runs outside evolve.cli.main.
-        from evolve.cli.eval import load_seed_arg, start_from_args, task_from_args
+        from evolve.cli.eval import seed_from_args, start_from_args, task_from_args
         from evolve.errors import UsageError
         from mutations import get_operator
 
@@ -70,8 +70,8 @@ class MutateCommand(Command):
             except (OSError, UnicodeDecodeError) as exc:
                 return _error(f"cannot read {args.path}: {getattr(exc, 'strerror', None) or exc}")
         try:
-            task = task_from_args(args)
-            start = start_from_args(args, load_seed_arg(args.seed), args.path)
+            task = task_from_args(args, path=args.path)
+            start = start_from_args(args, seed_from_args(args), args.path)
         except UsageError as exc:
             return _error(str(exc))
         original = start.source

@@ -15,12 +15,15 @@ from evolve.errors import UsageError
 def _config_from_args(args: argparse.Namespace):
     from evolve.config import load_config
 
+    if getattr(args, "reference", None) and args.seed:
+        raise UsageError(f"--seed {args.seed} and --reference {args.reference} both name the task; give one")
     return load_config(args.config, {
         "search": {"population": args.population, "generations": args.generations,
                    "rng_seed": args.rng_seed, "prune_factor": args.prune_factor, "lag": args.lag},
         "task": {"seed": args.seed, "shape": args.shape, "causal": args.causal,
                  "dtype": getattr(args, "dtype", None), "chips": getattr(args, "chips", None),
-                 "start": getattr(args, "start", None)},
+                 "start": getattr(args, "start", None), "reference": getattr(args, "reference", None),
+                 "entry": getattr(args, "entry", None)},
         "judge": {"chip": args.chip, "workers": args.workers, "peers": args.peers,
                   "timing": getattr(args, "timing", None), "executor": args.executor,
                   "ray_address": args.ray_address},

@@ -1,0 +1,160 @@
+"""A reference file as a task (seeds/reference.py): what the judge derives from create_inputs()
+and workload(), and the one-line refusals of a file that breaks the contract."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from seeds.reference import ReferenceError, Task, kernel_entry
+
+ROOT = Path(__file__).resolve().parents[2]
+
+MATMUL = """
+import jax, jax.numpy as jnp
+import numpy as np
+
+def create_inputs():
+    k1, k2 = jax.random.split(jax.random.key(0))
+    return (jax.random.normal(k1, (64, 256), jnp.bfloat16), jax.random.normal(k2, (256, 128), jnp.bfloat16),
+            np.arange(8, dtype=np.int32), np.array([3, 1, 4], np.int32))
+
+def workload(x, w, ids, sizes):
+    return jnp.dot(x, w, preferred_element_type=jnp.float32).astype(x.dtype)
+
+STATIC = ("sizes",)
+"""
+
+KERNEL = """
+import functools
+import jax, jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+def _kernel(x_ref, w_ref, o_ref):
+    o_ref[...] = jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32).astype(o_ref.dtype)
+
+def _call(x, w, block_m):
+    return pl.pallas_call(_kernel, grid=(x.shape[0] // block_m,),
+                          in_specs=[pl.BlockSpec((block_m, x.shape[1]), lambda i: (i, 0)),
+                                    pl.BlockSpec(w.shape, lambda i: (0, 0))],
+                          out_specs=pl.BlockSpec((block_m, w.shape[1]), lambda i: (i, 0)),
+                          out_shape=jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), x.dtype))(x, w)
+
+def matmul(x, w, ids, sizes, *, block_m=32):
+    return _call(x, w, block_m)
+
+def helper(x):
+    return x
+"""
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory) -> Task:
+    tmp = tmp_path_factory.mktemp("ref")
+    return Task.read(write(tmp, "mm.py", MATMUL), KERNEL)
+
+
+def test_the_task_is_derived_from_the_file(task):
+    assert task.entry == "matmul"
+    assert task.input_names == ("x", "w", "ids", "sizes")
+    assert task.input_specs() == [((64, 256), "bfloat16"), ((256, 128), "bfloat16"), ((8,), "int32"),
+                                  ((3,), "int32")]
+    assert task.output_dtype == "bfloat16" and task.tolerance == (2e-2, 2e-2)
+    assert task.flops == pytest.approx(2 * 64 * 256 * 128, rel=0.01)      # XLA's cost analysis
+    assert task.bytes_moved == 2 * (64 * 256 + 256 * 128 + 64 * 128) + 4 * (8 + 3)
+    assert task.key.startswith("mm/bfloat16_64x256.bfloat16_256x128.int32_8.int32_3-")
+
+
+def test_draws_keep_shapes_and_ranges_and_differ(task):
+    a, b = task.make_inputs(1, "normal"), task.make_inputs(2, "normal")
+    assert [(x.shape, str(x.dtype)) for x in a] == [(s, d) for s, d in task.input_specs()]
+    assert not np.array_equal(np.asarray(a[0], np.float32), np.asarray(b[0], np.float32))
+    assert a[2].min() >= 0 and a[2].max() <= 7                       # redrawn in the example's range
+    assert np.array_equal(a[3], [3, 1, 4]) and np.array_equal(b[3], [3, 1, 4])    # STATIC: kept
+    scaled = [np.abs(np.asarray(task.make_inputs(s, "scaled")[0], np.float32)).mean() for s in range(6)]
+    assert max(scaled) / min(scaled) > 2                              # a drawn scale, not always 1
+    outliers = np.abs(np.asarray(task.make_inputs(3, "outliers")[0], np.float32)).max()
+    assert outliers > 10 * np.abs(np.asarray(a[0], np.float32)).max() / 2
+
+
+def test_the_truth_is_the_workload_in_f32_on_the_cpu(task):
+    x, w, ids, sizes = task.make_inputs(5, "normal")
+    truth = task.reference(x, w, ids, sizes)
+    expected = np.asarray(x, np.float32) @ np.asarray(w, np.float32)
+    assert truth.dtype == np.float32
+    np.testing.assert_allclose(truth, expected, rtol=1e-4, atol=1e-3)
+
+
+def test_the_entry_is_found_or_named():
+    assert kernel_entry(KERNEL, 4) == "matmul"
+    assert kernel_entry(KERNEL, 4, "helper") == "helper"
+    with pytest.raises(ReferenceError, match="--entry"):
+        kernel_entry(KERNEL, 2)                  # no public function of two inputs reaches pallas_call
+    with pytest.raises(ReferenceError, match="defines no 'nope'"):
+        kernel_entry(KERNEL, 4, "nope")
+    two = KERNEL + "\ndef matmul2(x, w, ids, sizes):\n    return _call(x, w, 16)\n"
+    with pytest.raises(ReferenceError, match="2 functions"):
+        kernel_entry(two, 4)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("def workload(x):\n    return x\n", "defines no function create_inputs"),
+    ("def create_inputs():\n    raise RuntimeError('boom')\ndef workload(x):\n    return x\n",
+     "create_inputs\\(\\) raises RuntimeError: boom"),
+    ("import numpy as np\ndef create_inputs():\n    return (np.ones((8, 128), np.float32),)\n"
+     "def workload(x):\n    return x @ x\n", "workload\\(\\*create_inputs\\(\\)\\) raises TypeError"),
+    ("import numpy as np\ndef create_inputs():\n    return (np.ones((8, 128), np.float32),)\n"
+     "def workload(x):\n    return x, x\n", "it must return one array"),
+    ("import numpy as np\nSTATIC = ('x',)\ndef create_inputs():\n    return (np.ones((8, 128), np.float32),)\n"
+     "def workload(x):\n    return x\n", "a float input"),
+    ("def create_inputs(:\n", "is not Python"),
+])
+def test_a_file_that_breaks_the_contract_is_one_line(tmp_path, text, message):
+    with pytest.raises(ReferenceError, match=message) as info:
+        Task.read(write(tmp_path, "bad.py", text), KERNEL)
+    assert "\n" not in str(info.value)
+
+
+def evolve(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "evolve", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=600)
+
+
+def test_eval_judges_a_kernel_against_a_reference_file(tmp_path):
+    write(tmp_path, "mm.py", MATMUL)
+    write(tmp_path, "k.py", KERNEL)
+    r = evolve("eval", "k.py", "--reference", "mm.py", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["status"] == "PASS" and out["speedup_vs_reference"], out["error"]
+    write(tmp_path, "wrong.py", KERNEL.replace(".astype(o_ref.dtype)", ".astype(o_ref.dtype) * 2"))
+    r = evolve("eval", "wrong.py", "--reference", "mm.py", "--json", cwd=tmp_path)
+    assert r.returncode == 1 and json.loads(r.stdout)["status"] == "FAIL_CORRECTNESS"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--reference", "missing.py"], "missing.py; give the path of a Python file"),
+    (["--reference", "mm.py", "--shape", "M=1"], "--shape does not apply to --reference"),
+    (["--reference", "mm.py", "--seed", "flash_attention"], "both name the task"),
+    (["--reference", "mm.py", "--entry", "nope"], "defines no 'nope'"),
+    (["--reference", "short.py"], "the kernel and the reference file's workload disagree: output shape"),
+])
+def test_bad_reference_input_is_one_line_and_exit_2(tmp_path, args, message):
+    write(tmp_path, "mm.py", MATMUL)
+    write(tmp_path, "short.py", MATMUL.replace(".astype(x.dtype)", ".astype(x.dtype)[:32]"))
+    write(tmp_path, "k.py", KERNEL)
+    r = evolve("eval", "k.py", *args, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
