@@ -115,7 +115,7 @@ def block_shapes(seed: Individual, task: Any, rng: random.Random, count: int, ge
         return []
     current = blocks.shape_values(seed.source, task)              # in the source's order
     names = list(current)
-    shapes = covering_shapes([blocks.shape_legal(n, task) for n in names], tuple(current.values()), rng)
+    shapes = covering_shapes([blocks.shape_legal(n, task, seed.source) for n in names], tuple(current.values()), rng)
     pool = all_operators() if operators is None else operators
     others = [op for op in pool if op.name != blocks.name]
     used = {op.name: 0 for op in others}

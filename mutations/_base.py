@@ -132,8 +132,8 @@ class Operator(abc.ABC):
         """The source's block-shape tunables and their values, in the source's order."""
         raise NotImplementedError(f"{self.name} does not set a block shape")
 
-    def shape_legal(self, name: str, task: Any) -> list[int]:
-        """The values ``task`` declares legal for the tunable ``name``, ascending."""
+    def shape_legal(self, name: str, task: Any, source: str | None = None) -> list[int]:
+        """The values legal for the tunable ``name`` of ``source`` at ``task``, ascending."""
         raise NotImplementedError(f"{self.name} does not set a block shape")
 
     def shape_moves(self, source: str, task: Any, shape: dict[str, int]) -> list[dict[str, Any]]:

@@ -184,6 +184,10 @@ class Task(SeedTask):
         return self._read["output"]["dtype"]
 
     @property
+    def output_shape(self) -> tuple[int, ...]:
+        return tuple(self._read["output"]["shape"])
+
+    @property
     def flops(self) -> float:
         return float(self._read["flops"])
 

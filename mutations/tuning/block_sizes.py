@@ -10,6 +10,7 @@ from typing import Any
 import libcst as cst
 
 from . import block_fields as F
+from . import discovery as D
 from .. import _sites
 from .._base import APPLICABLE, Applicability, Edit, NotApplicable, Operator, parse
 from .._tunables import module_ints, read_tunables, set_tunable
@@ -42,6 +43,8 @@ def block_values(source: str, task: Any) -> dict[str, int]:
     with _sites.scope(task):    # a None default: the value the module's own lookup gives, if known
         values = {name: f.value if f.value is not None else _looked_up(task, name)
                   for name, f in _fields(module, task).items()}
+        if not values:
+            return {name: t.value for name, t in _discovered(module, task).items()}
         return {name: value for name, value in values.items() if value is not None}
 
 
@@ -61,6 +64,15 @@ def _fields(module: cst.Module, task: Any) -> dict[str, F.Field]:
     entry, _ = _sites.current()
     return {name: f for name, f in F.fields(module, entry).items()
             if task.legal_values(f.tunable) is not None}
+
+
+def _discovered(module: cst.Module, task: Any) -> dict[str, D.Tunable]:
+    """Without block constants or block fields the task knows: the tunables discovered in the
+    source (every integer that flows into a BlockSpec's block shape, mutations/tuning/discovery.py),
+    those with another legal value."""
+    if _tunables(module, task) or _fields(module, task):
+        return {}
+    return {name: t for name, t in D.discover(module, task).items() if len(t.legal) > 1}
 
 
 def _unset(module: cst.Module, task: Any) -> list[str]:
@@ -122,13 +134,20 @@ class BlockSizes(Operator):
     sets_shape = True
     chain_rank = 2
     description = ("Move one block-size tunable (a module-level constant such as BLOCK_Q, BLOCK_KV or "
-                   "HEADS_PER_PROGRAM) to another value its task declares legal, or scale the block "
+                   "HEADS_PER_PROGRAM, or any integer that flows into a BlockSpec's block shape, in "
+                   "whatever style the kernel holds it) to another legal value, or scale the block "
                    "shape (every block tunable but the heads per program) by 2 or 1/2 at once.")
 
     def shape_values(self, source: str, task: Any) -> dict[str, int]:
         return block_values(source, task)
 
-    def shape_legal(self, name: str, task: Any) -> list[int]:
+    def shape_legal(self, name: str, task: Any, source: str | None = None) -> list[int]:
+        if source is not None:
+            module = parse(source)
+            with _sites.scope(task):
+                found = _discovered(module, task)
+            if name in found:
+                return list(found[name].legal)
         return legal_values(name, task)
 
     def shape_moves(self, source: str, task: Any, shape: dict[str, int]) -> list[dict[str, Any]]:
@@ -149,6 +168,13 @@ class BlockSizes(Operator):
         module whose blocks are fields, which this grid does not vary, gets its blocks there)."""
         legal = {name: values for name in read_tunables(source)
                  if name.startswith("BLOCK_") and (values := legal_values(name, task))}
+        with _sites.scope(task):
+            found = {} if legal else _discovered(parse(source), task)
+        if found:        # discovered tunables: one edit sets the whole shape
+            choices = [[(name, v) for v in t.legal[-GRID_LARGEST:]] for name, t in found.items()]
+            points = sorted((dict(c) for c in itertools.product(*choices)),
+                            key=lambda shape: -math.prod(shape.values()))
+            return [(Edit(self.name, {"shape": shape}),) for shape in points] + ([(best,)] if best is not None else [])
         named = getattr(task, "grid_shapes", lambda: None)()
         if named and all(set(shape) <= set(legal) for shape in named):
             points = ([shape for shape in named if all(v in legal[n] for n, v in shape.items())]
@@ -167,12 +193,14 @@ class BlockSizes(Operator):
             present = set(_tunables(module, task))
             if not present:
                 with _sites.scope(task):
-                    return tuple(_fields(module, task))
+                    return tuple(_fields(module, task)) or tuple(_discovered(module, task))
             return tuple(name for name in module_ints(module) if name in present)   # in the source's order
         except Exception:  # noqa: BLE001 - an unparsable source has none
             return ()
 
     def _choices(self, module: cst.Module, task: Any) -> dict[str, list[int]]:
+        if found := _discovered(module, task):
+            return {name: [v for v in t.legal if v != t.value] for name, t in found.items()}
         if not _tunables(module, task):
             return self._field_choices(module, task)
         ints = module_ints(module)
@@ -194,12 +222,14 @@ class BlockSizes(Operator):
         return out
 
     def _check(self, module, task) -> Applicability:
-        present = _tunables(module, task) or list(_fields(module, task))
+        present = _tunables(module, task) or list(_fields(module, task)) or list(_discovered(module, task))
         if not present:
             entry, _ = _sites.current()
             return Applicability(False, "no module-level block-size constant, nor a block field "
                                         f"({', '.join(F.FIELD_TUNABLES)}) on the forward path from "
-                                        f"{entry or 'the entry point'}, that the task has legal values for")
+                                        f"{entry or 'the entry point'}, that the task has legal values for, "
+                                        "nor an integer flowing into a BlockSpec's block shape with "
+                                        "another legal value")
         if not self._choices(module, task):
             return Applicability(False, f"no other legal value for {', '.join(present)} at {task.key}")
         return APPLICABLE
@@ -207,6 +237,11 @@ class BlockSizes(Operator):
     def shapes(self, module: cst.Module, task: Any) -> list[dict[str, int]]:
         """The block shape scaled by 2 and by 1/2 (those legal): a shape is the block tunables
         other than the heads per program, when there are at least two."""
+        if found := _discovered(module, task):
+            if len(found) < 2:
+                return []
+            scaled = [{n: int(t.value * factor) for n, t in found.items()} for factor in (2, 0.5)]
+            return [shape for shape in scaled if all(v in found[n].legal for n, v in shape.items())]
         if not _tunables(module, task):
             current = {name: f.value for name, f in _fields(module, task).items()}
             if len(current) < 2 or None in current.values():   # a None default has nothing to scale
@@ -230,6 +265,8 @@ class BlockSizes(Operator):
         return {"tunable": name, "value": rng.choice(choices[name])}
 
     def _rewrite(self, module, task, params) -> cst.Module:
+        if found := _discovered(module, task):
+            return self._rewrite_discovered(module, task, params, found)
         if not _tunables(module, task):
             return self._rewrite_fields(module, task, params)
         if "shape" in params:
@@ -278,3 +315,17 @@ class BlockSizes(Operator):
                                 "overrides the fields set beside it): give every block field a value")
         entry, _ = _sites.current()
         return F.set_fields(module, entry, dict(new))
+
+    def _rewrite_discovered(self, module: cst.Module, task: Any, params: dict[str, Any],
+                            found: dict[str, D.Tunable]) -> cst.Module:
+        """Set discovered tunables (every literal that holds each): one, or the whole shape."""
+        new = params["shape"] if "shape" in params else {params.get("tunable"): params.get("value")}
+        if not isinstance(new, dict) or not new:
+            raise NotApplicable(f"shape={new!r} is not a mapping of tunables to values")
+        for name, value in new.items():
+            if name not in found:
+                raise NotApplicable(f"the source has no tunable {name!r} (it has {', '.join(found) or 'none'})")
+            if not isinstance(value, int) or isinstance(value, bool) or value not in found[name].legal:
+                raise NotApplicable(f"{name}={value!r} is not legal at {task.key}: legal values are "
+                                    f"{list(found[name].legal)}")
+        return D.set_values(module, task, dict(new))

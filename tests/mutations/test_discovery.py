@@ -1,0 +1,178 @@
+"""Tunables found, not declared (mutations/tuning/discovery.py): the integers that flow into a
+BlockSpec's block shape, in each style a kernel may hold them, with legal values from the arrays
+they tile; and block_sizes moving them."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import textwrap
+
+import pytest
+
+from mutations import get_operator
+from mutations._base import parse
+from mutations.tuning.discovery import discover, legal_tiles, sublanes
+
+
+@dataclasses.dataclass(frozen=True)
+class Matmul:
+    """A task as the operators see it: an entry, input and output shapes (no legal values declared)."""
+
+    entry: str = "matmul"
+    m: int = 512
+    k: int = 1024
+    n: int = 768
+    dtype: str = "bfloat16"
+    key: str = "test/matmul"
+
+    def input_specs(self):
+        return [((self.m, self.k), self.dtype), ((self.k, self.n), self.dtype)]
+
+    @property
+    def output_shape(self):
+        return (self.m, self.n)
+
+    @property
+    def output_dtype(self):
+        return self.dtype
+
+    def legal_values(self, name):
+        return None
+
+
+HEADER = """
+import dataclasses
+import functools
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+def _kernel(x_ref, w_ref, o_ref):
+    o_ref[...] = jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32).astype(o_ref.dtype)
+"""
+
+
+def call(bm: str, bk: str, bn: str, grid: str = "(m // {bm}, n // {bn})") -> str:
+    return f"""pl.pallas_call(
+        _kernel, grid={grid.format(bm=bm, bn=bn)},
+        in_specs=[pl.BlockSpec(({bm}, k), lambda i, j: (i, 0)), pl.BlockSpec((k, {bn}), lambda i, j: (0, j))],
+        out_specs=pl.BlockSpec(({bm}, {bn}), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), x.dtype))(x, w)"""
+
+
+STYLES = {
+    "keyword defaults, through a wrapper": f"""
+def _mm(x, w, *, block_m=128, block_n=256):
+    m, k = x.shape
+    n = w.shape[1]
+    return {call("block_m", "k", "block_n")}
+
+def matmul(x, w):
+    return _mm(x, w)
+""",
+    "a tuple default, unpacked": f"""
+def matmul(x, w, block_shape=(128, 256)):
+    l, r = block_shape
+    m, k = x.shape
+    n = w.shape[1]
+    return {call("l", "k", "r")}
+""",
+    "module constants of any name": f"""
+TM = 128
+TN = 256
+
+def matmul(x, w):
+    m, k = x.shape
+    n = w.shape[1]
+    return {call("TM", "k", "TN")}
+""",
+    "functools.partial arguments": f"""
+def _mm(x, w, bm, bn):
+    m, k = x.shape
+    n = w.shape[1]
+    return {call("bm", "k", "bn")}
+
+_tiled = functools.partial(_mm, bm=128, bn=256)
+
+def matmul(x, w):
+    return _tiled(x, w)
+""",
+    "dataclass fields": f"""
+@dataclasses.dataclass(frozen=True)
+class Tiles:
+    bm: int = 128
+    bn: int = 256
+
+def matmul(x, w, tiles=Tiles()):
+    m, k = x.shape
+    n = w.shape[1]
+    return {call("tiles.bm", "k", "tiles.bn")}
+""",
+    "literals in the BlockSpec": f"""
+def matmul(x, w):
+    m, k = x.shape
+    n = w.shape[1]
+    return {call("128", "k", "256")}
+""",
+}
+
+
+@pytest.mark.parametrize("style", list(STYLES))
+def test_each_style_is_found_and_moved(style):
+    source = HEADER + textwrap.dedent(STYLES[style])
+    task = Matmul()
+    found = discover(parse(source), task)
+    assert sorted(t.value for t in found.values()) == [128, 256], found
+    rows = next(t for t in found.values() if t.value == 128)      # tiles M (second-to-last, bf16)
+    cols = next(t for t in found.values() if t.value == 256)      # tiles N (last)
+    assert list(rows.legal) == [d for d in range(16, 513) if 512 % d == 0 and d % 16 == 0]
+    assert list(cols.legal) == [128, 256, 384, 768]
+    op = get_operator("block_sizes")
+    assert op.check(source, task), op.check(source, task).reason
+    result = op.apply_params(source, task, {"shape": {rows.name: 64, cols.name: 384}})
+    assert result.applied, result.reason
+    moved = discover(parse(result.source), task)
+    assert {t.value for t in moved.values()} == {64, 384}
+    assert "128" not in result.source.split("def matmul")[-1].split("_kernel")[0] or style == "dataclass fields"
+    drawn = op.apply(source, task, random.Random(0))
+    assert drawn.applied and drawn.source != source
+
+
+def test_a_literal_takes_the_same_number_in_the_grid_with_it():
+    source = HEADER + textwrap.dedent(STYLES["literals in the BlockSpec"]).replace("m // 128", "m // 128")
+    source = source.replace("grid=(m // 128, n // 256)", "grid=(512 // 128, n // 256)")
+    task = Matmul()
+    (rows,) = [t for t in discover(parse(source), task).values() if t.value == 128]
+    assert len(rows.literals) == 3            # in_specs, out_specs and the grid
+    moved = get_operator("block_sizes").apply_params(source, task, {"shape": {rows.name: 256}})
+    assert "grid=(512 // 256," in moved.source
+
+
+def test_a_declared_space_wins_over_discovery():
+    source = HEADER + 'TUNE = {"block_m": [64, 128], "block_n": [256, 768]}\n' + \
+        textwrap.dedent(STYLES["keyword defaults, through a wrapper"])
+    found = discover(parse(source), Matmul())
+    assert found["block_m"].legal == (64, 128) and found["block_m"].declared
+    assert found["block_n"].legal == (256, 768)
+
+
+def test_no_tunable_where_nothing_flows_into_a_block_shape():
+    source = HEADER + textwrap.dedent(f"""
+    def matmul(x, w):
+        m, k = x.shape
+        n = w.shape[1]
+        return {call("m", "k", "n", grid="(1, 1)")}
+    """)
+    assert discover(parse(source), Matmul()) == {}
+    check = get_operator("block_sizes").check(source, Matmul())
+    assert not check and "BlockSpec" in check.reason
+
+
+def test_mosaic_tiling_rules():
+    assert sublanes("float32") == 8 and sublanes("bfloat16") == 16 and sublanes("int8") == 32
+    assert legal_tiles(1024, 1, "float32") == [128, 256, 512, 1024]
+    assert legal_tiles(100, 1, "float32") == [100]                  # only the whole dimension
+    assert legal_tiles(64, 2, "bfloat16") == [16, 32, 64]
+    assert legal_tiles(6, 3, "float32") == [1, 2, 3, 6]
