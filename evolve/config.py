@@ -96,12 +96,12 @@ class TaskConfig:
     def __post_init__(self) -> None:
         if self.reference:     # stored with the run as an absolute path: a resume from elsewhere finds it
             object.__setattr__(self, "reference", str(Path(self.reference).expanduser().absolute()))
-            given = [f"--{k}" for k in ("shape", "causal", "dtype") if getattr(self, k) is not None]
+            given = [f"--{k}" for k in ("causal", "dtype") if getattr(self, k) is not None]
             given += ["--chips"] if self.chips not in (None, 1) else []
             if given:
                 verb = "does" if len(given) == 1 else "do"
                 raise UsageError(f"{' and '.join(given)} {verb} not apply to --reference: the reference file's "
-                                 "create_inputs() sets the shapes and dtypes; drop them")
+                                 "create_inputs() sets the dtypes (and, by its keywords, --shape); drop them")
         self.load_seed()
 
     def load_seed(self):
@@ -116,8 +116,10 @@ class TaskConfig:
     def task(self, kernel_source: str | None = None):
         """The task; for a reference file, its entry is found in ``kernel_source`` (default: the
         start's source)."""
+        from seeds.reference import ReferenceSeed
+
         seed = self.load_seed()
-        if self.reference:
+        if isinstance(seed, ReferenceSeed):
             return self._reference_task(seed, kernel_source)
         options = {k: v for k, v in (("causal", self.causal), ("dtype", self.dtype)) if v is not None}
         sizes = seed.task_class.mesh_sizes
@@ -134,12 +136,11 @@ class TaskConfig:
     def _reference_task(self, seed, kernel_source: str | None):
         from evolve.start import resolve_start
         from seeds import SeedError
-        from seeds.reference import Task
 
-        if kernel_source is None and self.start:
+        if kernel_source is None and (self.start or not self.reference):
             kernel_source = resolve_start(self.start, seed).source
         try:
-            return Task.read(self.reference, kernel_source, self.entry)
+            return seed.read_task(kernel_source, self.entry, self.shape)
         except SeedError as exc:
             raise UsageError(str(exc)) from None
 

@@ -248,8 +248,8 @@ class Seed:
 
 
 def _builtin_names() -> list[str]:
-    return sorted(p.name for p in BUILTIN_DIR.iterdir()
-                  if p.is_dir() and not p.name.startswith("_") and (p / "task.py").is_file())
+    return sorted(p.name for p in BUILTIN_DIR.iterdir() if p.is_dir() and not p.name.startswith("_")
+                  and ((p / "task.py").is_file() or (p / "reference.py").is_file()))
 
 
 # A family (seeds/registry.py): name -> a package whose directory is a seed (task.py and kernel.py).
@@ -321,6 +321,12 @@ def load_seed(name_or_path: str | Path) -> Seed:
             raise SeedError(f"unknown seed {text!r}: not a built-in seed ({', '.join(builtin_seeds())}) "
                             "and not a directory; give a built-in name or a seed directory's path")
     where = f"seed directory {directory}"
+    if not (directory / "task.py").is_file() and (directory / "reference.py").is_file() \
+            and (directory / "kernel.py").is_file():     # a reference file for its task (seeds/reference.py)
+        from seeds.reference import reference_seed
+
+        found = reference_seed(directory)
+        return dataclasses.replace(found, name=directory.name) if registered is not None else found
     missing = [f for f in FILES if not (directory / f).is_file()]
     if missing:
         raise SeedError(f"{where} has no {' and no '.join(missing)}; a seed directory holds task.py "

@@ -11,6 +11,12 @@
 
     TOLERANCE = (2e-2, 2e-2)        # optional: (atol, rtol); by default by the output's dtype
     STATIC = ("group_sizes",)       # optional: integer inputs kept as the example has them
+    SMALL = "M=128,K=256,N=256"     # optional: the shape tests run it at
+
+``create_inputs`` may take integer keywords (``def create_inputs(M=4096, K=4096, N=4096)``): they
+are the task's ``--shape`` grammar (``--shape M=8,N=14336``), their defaults its default problem.
+A seed directory may hold ``reference.py`` beside its ``kernel.py`` instead of a ``task.py``
+(``seeds/matmul``): a built-in task in one short file.
 
 From it comes everything a seed's ``Task`` class declares (``--reference R.py`` on every command
 that takes a task, beside the kernel: ``evolve eval K.py --reference R.py``):
@@ -49,6 +55,7 @@ from typing import Any
 import numpy as np
 
 from seeds._contract import Seed, SeedError, SeedTask
+from seeds.reference_child import namespace
 
 TOLERANCES = {"bfloat16": (2e-2, 2e-2), "float16": (4e-3, 4e-3), "float32": (2e-4, 2e-4)}
 DISTRIBUTIONS = ("normal", "outliers", "scaled")
@@ -61,7 +68,7 @@ class ReferenceError(SeedError):
 
 def _run_child(*args: str) -> None:
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    done = subprocess.run([sys.executable, "-m", "seeds.reference", *args], env=env, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "seeds.reference_child", *args], env=env, capture_output=True,
                           text=True, timeout=_CHILD_TIMEOUT_S)
     if done.returncode:
         tail = " ".join((done.stderr or done.stdout).strip().splitlines()[-1:])[:300]
@@ -69,12 +76,13 @@ def _run_child(*args: str) -> None:
 
 
 @functools.lru_cache(maxsize=16)
-def profile_of(source: str, path: str) -> str:
-    """What a CPU child reads of a reference file's text (JSON): its inputs, output, FLOPs,
-    tolerance; ReferenceError saying what is wrong with the file."""
+def profile_of(source: str, path: str, shape: str = "") -> str:
+    """What a CPU child reads of a reference file's text (JSON) at ``shape`` (create_inputs'
+    keywords): its inputs, output, FLOPs, tolerance, shape grammar; ReferenceError saying what
+    is wrong with the file."""
     with tempfile.TemporaryDirectory(prefix="pallas-evolve-ref-") as tmp:
         (Path(tmp) / "reference.py").write_text(source)
-        _run_child("profile", str(Path(tmp) / "reference.py"), str(Path(tmp) / "profile.json"), path)
+        _run_child("profile", str(Path(tmp) / "reference.py"), str(Path(tmp) / "profile.json"), path, shape)
         found = json.loads((Path(tmp) / "profile.json").read_text())
     if "error" in found:
         raise ReferenceError(f"reference file {path}: {found['error']}")
@@ -129,7 +137,6 @@ class Task(SeedTask):
 
     name = "reference"
     description = "a reference file's workload (create_inputs, workload)"
-    shape_grammar = "(the reference file's create_inputs)"
     distributions = DISTRIBUTIONS
     correctness_inputs = (("normal", 0), ("outliers", 1), ("scaled", 2))
 
@@ -137,11 +144,13 @@ class Task(SeedTask):
     path: str = "reference.py"
     entry: str = "workload"
     profile: str = ""
+    shape: str = ""               # create_inputs' keywords, as --shape gives them ("" : its defaults)
 
     @classmethod
-    def read(cls, path: str | Path, kernel_source: str | None = None, entry: str | None = None) -> Task:
-        """The task of the reference file at ``path``, its entry found in ``kernel_source`` (or
-        ``entry``); ReferenceError saying what is wrong."""
+    def read(cls, path: str | Path, kernel_source: str | None = None, entry: str | None = None,
+             shape: str | None = None) -> Task:
+        """The task of the reference file at ``path`` at ``shape``, its entry found in
+        ``kernel_source`` (or ``entry``); ReferenceError saying what is wrong."""
         path = Path(path).expanduser()
         try:
             source = path.read_text()
@@ -152,10 +161,11 @@ class Task(SeedTask):
             compile(source, str(path), "exec")
         except (SyntaxError, ValueError) as exc:
             raise ReferenceError(f"reference file {path} is not Python (line {getattr(exc, 'lineno', '?')})") from None
-        profile = profile_of(source, str(path))
+        profile = profile_of(source, str(path), shape or "")
         arity = len(json.loads(profile)["inputs"])
         name = kernel_entry(kernel_source, arity, entry) if kernel_source is not None else (entry or "workload")
-        return cls(source=source, path=str(path.resolve()), entry=name, profile=profile)
+        return cls(source=source, path=str(path.resolve()), entry=name, profile=profile,
+                   shape=json.loads(profile)["shape"])
 
     @classmethod
     def from_options(cls, shape: str | None = None, **options: Any) -> Task:
@@ -175,6 +185,16 @@ class Task(SeedTask):
         specs = ".".join(f"{i['dtype']}_{'x'.join(map(str, i['shape'])) or 'scalar'}" for i in self._read["inputs"])
         digest = hashlib.sha256(self.source.encode()).hexdigest()[:8]
         return f"{reference_name(self.path)}/{specs}-{digest}"
+
+    @property
+    def grammar(self) -> str:
+        """What --shape accepts: create_inputs' integer keywords and their defaults ("" : none)."""
+        return self._read.get("grammar", "")
+
+    @property
+    def shape_grammar(self) -> str:  # type: ignore[override]
+        return self.grammar
+
 
     def input_specs(self) -> list[tuple[tuple[int, ...], str]]:
         return [(tuple(i["shape"]), i["dtype"]) for i in self._read["inputs"]]
@@ -226,7 +246,7 @@ class Task(SeedTask):
             return load_array(root / "out.npy", "float32")
 
     def reference_program(self):
-        return _namespace(self.source, self.path)["workload"]
+        return namespace(self.source, self.path)["workload"]
 
 
 def _np_dtype(name: str):
@@ -251,140 +271,75 @@ def _draw(spec: dict[str, Any], rng: np.random.Generator, distribution: str, fac
     return (values * factor).astype(dtype)
 
 
-def _namespace(source: str, path: str) -> dict[str, Any]:
-    """The reference file executed as a module (trusted processes only: the user's own task)."""
-    namespace: dict[str, Any] = {"__name__": "pallas_evolve_reference", "__file__": path}
-    exec(compile(source, path, "exec"), namespace)  # noqa: S102 - the user's own trusted reference file
-    return namespace
-
-
+@dataclasses.dataclass(frozen=True)
 class ReferenceSeed(Seed):
-    """A reference file in the place of a seed directory: its task is the file's, and it has no
-    kernel of its own (the kernel is the command's FILE or ``--start``)."""
+    """A reference file as a seed: ``--reference R.py`` (no kernel of its own: the kernel is the
+    command's FILE or ``--start``), or a seed directory holding ``reference.py`` and ``kernel.py``."""
+
+    reference: Path = Path("reference.py")
 
     @property
     def kernel_path(self) -> Path:
-        raise ReferenceError("a reference file brings no kernel; give the kernel's file (evolve eval K.py, "
-                             "--start K.py, or a module with --start)")
+        path = self.directory / "kernel.py"
+        if self.reference.name != "reference.py" or not path.is_file():
+            raise ReferenceError("a reference file brings no kernel; give the kernel's file (evolve eval K.py, "
+                                 "--start K.py, or a module with --start)")
+        return path
+
+    @property
+    def description(self) -> str:
+        doc = ast.get_docstring(ast.parse(self.reference.read_text())) or ""
+        return doc.strip().splitlines()[0] if doc.strip() else f"the workload of {self.reference}"
+
+    def read_task(self, kernel_source: str | None, entry: str | None = None, shape: str | None = None) -> Task:
+        return Task.read(self.reference, kernel_source, entry, shape)
+
+    def default_task(self) -> Task:
+        return self.read_task(self.kernel_source)
+
+    def task(self, shape: str | None = None, **options: Any) -> Task:
+        if options:
+            raise ValueError(f"a reference task takes no option {', '.join(sorted(options))}")
+        return self.read_task(self.kernel_source, shape=shape)
+
 
     def peer_paths(self, ablation: bool = False) -> dict[str, Path]:
         return {}
 
 
 def reference_seed(path: str | Path) -> ReferenceSeed:
+    """The seed of a reference file (``--reference``) or of a directory holding ``reference.py``."""
     path = Path(path).expanduser()
+    if path.is_dir() and (path / "reference.py").is_file():
+        path = path / "reference.py"
     if not path.is_file():
         raise ReferenceError(f"no reference file at {path}; give the path of a Python file defining "
                              "create_inputs() and workload(...)")
-    return ReferenceSeed(reference_name(path), path.resolve().parent, Task)
+    return ReferenceSeed(reference_name(path), path.resolve().parent, _task_class(path), path.resolve())
+
+
+_CLASSES: dict[str, type[Task]] = {}
+
+
+def _task_class(path: Path) -> type[Task]:
+    """``Task``, or for a file that names the shape its tests run it at (``SMALL = "M=128"``, read
+    without running it) a subclass saying so (``SeedTask.test_tasks``), one per shape."""
+    try:
+        tree = ast.parse(path.read_text())
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return Task
+    small = next((node.value.value for node in tree.body if isinstance(node, ast.Assign)
+                  and any(isinstance(t, ast.Name) and t.id == "SMALL" for t in node.targets)
+                  and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)), None)
+    if small is None:
+        return Task
+    if small not in _CLASSES:
+        _CLASSES[small] = type("Task", (Task,), {"test_tasks": {"small": (small, {})}, "__module__": __name__,
+                                                 "__qualname__": "Task"})
+    return _CLASSES[small]
 
 
 def reference_name(path: str | Path) -> str:
     """A reference file's name: its stem, or its directory's name for a file called reference.py."""
     path = Path(path)
     return path.resolve().parent.name if path.stem == "reference" else path.stem
-
-
-# ---- the CPU child ------------------------------------------------------------------------------
-def _profile(source_path: str, out: str, shown: str) -> None:
-    try:
-        found = _read_file(Path(source_path).read_text(), shown)
-    except _Bad as exc:
-        found = {"error": str(exc)}
-    Path(out).write_text(json.dumps(found))
-
-
-class _Bad(Exception):
-    pass
-
-
-def _one_line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
-
-
-def _read_file(source: str, shown: str) -> dict[str, Any]:
-    import inspect
-
-    import jax
-
-    try:
-        ns = _namespace(source, shown)
-    except Exception as exc:  # noqa: BLE001 - the user's file, in one line
-        raise _Bad(f"fails to import ({_one_line(exc)})") from None
-    for name in ("create_inputs", "workload"):
-        if not callable(ns.get(name)):
-            raise _Bad(f"defines no function {name}(); a reference file defines create_inputs() (example "
-                       "arrays) and workload(*inputs) (plain JAX)")
-    try:
-        example = ns["create_inputs"]()
-    except Exception as exc:  # noqa: BLE001
-        raise _Bad(f"create_inputs() raises {_one_line(exc)}") from None
-    if not isinstance(example, (tuple, list)) or not example:
-        example = (example,)
-    arrays = []
-    for i, a in enumerate(example):
-        if not hasattr(a, "shape") or not hasattr(a, "dtype"):
-            raise _Bad(f"create_inputs() returned a {type(a).__name__} as input {i}; return arrays only")
-        arrays.append(np.asarray(a))
-    try:
-        params = list(inspect.signature(ns["workload"]).parameters.values())
-    except (TypeError, ValueError):
-        params = []
-    names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][: len(arrays)]
-    names += [f"input{i}" for i in range(len(names), len(arrays))]
-    static = tuple(ns.get("STATIC", ()) or ())
-    for s in static:
-        if s not in names:
-            raise _Bad(f"STATIC names {s!r}, not an input of workload ({', '.join(names)})")
-    specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays]
-    try:
-        lowered = jax.jit(ns["workload"]).lower(*specs)
-        out = jax.eval_shape(ns["workload"], *specs)
-    except Exception as exc:  # noqa: BLE001
-        raise _Bad(f"workload(*create_inputs()) raises {_one_line(exc)}") from None
-    if not hasattr(out, "shape"):
-        raise _Bad(f"workload returns a {type(out).__name__}; it must return one array")
-    cost = lowered.cost_analysis() or {}
-    if isinstance(cost, list):
-        cost = cost[0] if cost else {}
-    tolerance = ns.get("TOLERANCE")
-    if tolerance is not None and not (isinstance(tolerance, (tuple, list)) and len(tolerance) == 2):
-        raise _Bad(f"TOLERANCE is {tolerance!r}; give (atol, rtol)")
-    inputs = []
-    for name, a in zip(names, arrays):
-        kind = "bool" if a.dtype == bool else "int" if np.issubdtype(a.dtype, np.integer) else "float"
-        if name in static and kind == "float":
-            raise _Bad(f"STATIC names {name!r}, a float input; only integer inputs are static")
-        if name in static and a.size > (1 << 16):
-            raise _Bad(f"STATIC input {name!r} has {a.size} elements; a static input is small (at most 65536)")
-        values = a.astype(np.float64) if a.size else np.zeros(1)
-        inputs.append({"name": name, "shape": list(a.shape), "dtype": str(a.dtype), "kind": kind,
-                       "static": name in static, "value": a.tolist() if name in static else None,
-                       "mean": float(values.mean()), "std": float(values.std()),
-                       "min": float(values.min()), "max": float(values.max())})
-    return {"inputs": inputs, "output": {"shape": list(out.shape), "dtype": str(out.dtype)},
-            "flops": float(cost.get("flops", 0.0) or 0.0),
-            "tolerance": [float(t) for t in tolerance] if tolerance is not None else None}
-
-
-def _truth(source_path: str, root: str, shown: str) -> None:
-    import jax
-    import jax.numpy as jnp
-
-    from evaluator.arrays import load_array, save_array
-
-    root_path = Path(root)
-    meta = json.loads((root_path / "inputs.json").read_text())
-    inputs = [load_array(root_path / f"in{i}.npy", m["dtype"]) for i, m in enumerate(meta)]
-    inputs = [a.astype(np.float32) if np.issubdtype(a.dtype, np.floating) or str(a.dtype) == "bfloat16" else a
-              for a in inputs]
-    try:
-        out = jax.jit(_namespace(Path(source_path).read_text(), shown)["workload"])(*map(jnp.asarray, inputs))
-        save_array(root_path / "out.npy", np.asarray(out, dtype=np.float32))
-    except Exception as exc:  # noqa: BLE001
-        (root_path / "error.txt").write_text(f"workload on a draw raises {_one_line(exc)}")
-
-
-if __name__ == "__main__":
-    command, *rest = sys.argv[1:]
-    {"profile": _profile, "truth": _truth}[command](*rest)

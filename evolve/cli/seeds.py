@@ -18,18 +18,20 @@ class SeedsCommand(Command):
         for name in builtin_seeds():
             seed = load_seed(name)
             task = seed.default_task()
+            grammar = getattr(task, "grammar", None) if hasattr(seed, "reference") else task.shape_grammar
             print(f"{name}\n  {seed.description}\n  default task: {task.key}\n"
-                  f"  --shape grammar: {seed.task_class.shape_grammar}; entry point: "
-                  f"{seed.task_class.entry}({', '.join(seed.task_class.input_names)}, ...)\n"
-                  f"  directory: {seed.directory}")
+                  f"  --shape grammar: {grammar or '(none)'}; entry point: "
+                  f"{task.entry}({', '.join(task.input_names)}, ...)\n"
+                  f"  directory: {seed.directory}" + ("  (task: reference.py)" if hasattr(seed, "reference") else ""))
             for short, module in declared_starts(seed).items():
                 distribution, version = installed_version(module)
                 where = f"{distribution} {version} installed" if distribution else "not installed"
                 print(f"  start {short}: {module} ({where}); --start {short}")
         print("\nA run may start from any other kernel too: --start MODULE_OR_FILE (an importable module, "
               "read from its installed package, or a file); the seed's task judges it.")
-        print("Any other seed: a directory with task.py and kernel.py, passed as --seed PATH "
-              "(see 'The seed contract' in the README).")
+        print("Any other seed: a directory with task.py (or reference.py) and kernel.py, passed as --seed PATH "
+              "(see 'The seed contract' in the README); or any kernel with a reference file: "
+              "--reference R.py --start K.py.")
         return 0
 
 

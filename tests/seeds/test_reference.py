@@ -146,7 +146,8 @@ def test_eval_judges_a_kernel_against_a_reference_file(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--reference", "missing.py"], "missing.py; give the path of a Python file"),
-    (["--reference", "mm.py", "--shape", "M=1"], "--shape does not apply to --reference"),
+    (["--reference", "mm.py", "--shape", "M=1"], "create_inputs takes no 'M'; it takes no shape keywords"),
+    (["--reference", "mm.py", "--dtype", "float32"], "--dtype does not apply to --reference"),
     (["--reference", "mm.py", "--seed", "flash_attention"], "both name the task"),
     (["--reference", "mm.py", "--entry", "nope"], "defines no 'nope'"),
     (["--reference", "short.py"], "the kernel and the reference file's workload disagree: output shape"),
@@ -158,3 +159,38 @@ def test_bad_reference_input_is_one_line_and_exit_2(tmp_path, args, message):
     r = evolve("eval", "k.py", *args, cwd=tmp_path)
     assert r.returncode == 2, r.stderr
     assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+SIZED = """
+import jax.numpy as jnp
+import numpy as np
+
+def create_inputs(M=64, N=128):
+    return (np.ones((M, N), np.float32),)
+
+def workload(x):
+    return x * 2
+"""
+
+
+def test_create_inputs_keywords_are_the_shape(tmp_path):
+    path = write(tmp_path, "sized.py", SIZED)
+    assert Task.read(path, entry="double").input_specs() == [((64, 128), "float32")]
+    task = Task.read(path, entry="double", shape="M=16")
+    assert task.input_specs() == [((16, 128), "float32")] and task.grammar == "M=64,N=128"
+    assert task.key != Task.read(path, entry="double").key
+    for bad, message in (("Q=1", "takes no 'Q'; its shape is M=64,N=128"), ("M=x", "must be an integer"),
+                         ("M=0", "must be positive")):
+        with pytest.raises(ReferenceError, match=message):
+            Task.read(path, entry="double", shape=bad)
+
+
+def test_a_seed_directory_may_hold_a_reference_file_for_its_task():
+    from seeds import builtin_seeds, load_seed
+
+    assert "matmul" in builtin_seeds()
+    seed = load_seed("matmul")
+    task = seed.task("M=128,K=256,N=256")
+    assert seed.name == "matmul" and task.entry == "matmul" and task.input_names == ("a", "b")
+    assert task.input_specs() == [((128, 256), "bfloat16"), ((256, 256), "bfloat16")]
+    assert seed.default_task().input_specs()[0][0] == (4096, 4096)
