@@ -1,0 +1,1 @@
+"""The rmsnorm seed: its task is reference.py (create_inputs, workload), its kernel kernel.py."""
