@@ -194,3 +194,16 @@ def test_a_seed_directory_may_hold_a_reference_file_for_its_task():
     assert seed.name == "matmul" and task.entry == "matmul" and task.input_names == ("a", "b")
     assert task.input_specs() == [((128, 256), "bfloat16"), ((256, 256), "bfloat16")]
     assert seed.default_task().input_specs()[0][0] == (4096, 4096)
+
+
+def test_a_run_from_a_reference_seed_moves_its_discovered_blocks(tmp_path):
+    """The matmul seed (a reference file, BLOCK_* constants its task declares nothing about): the
+    search's block moves come from discovery, and what they write passes the judge."""
+    import pyarrow.parquet as pq
+
+    r = evolve("run", "--seed", "matmul", "--shape", "M=128,K=256,N=256", "--population", "3",
+               "--generations", "1", "--data-dir", str(tmp_path / "data"), cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [row for f in (tmp_path / "data").rglob("*.parquet") for row in pq.read_table(f).to_pylist()]
+    moved = [row for row in rows if "block_sizes" in (row["operator"] or "") and row["status"] == "PASS"]
+    assert moved, [(row["operator"], row["status"], row["error"]) for row in rows]
