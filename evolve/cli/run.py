@@ -80,6 +80,11 @@ def _report(run, champion) -> None:
             print(f"champion vs {name}: {ratio:.3f}x ({m.estimated_cycles or '-'} vs "
                   f"{peer.metrics.estimated_cycles or '-'} cycles, same judge, same run)")
     print("edits: " + (" -> ".join(edit_label(r) for r in chain[1:]) or "(the seed itself)"))
+    search = getattr(run, "search", None)
+    taken, total = len(getattr(search, "taken", [])), run.config.search.total()
+    if search is not None and 0 < taken < total:
+        print(f"judged {taken} of the budget's {total} kernels: for the rest the operators offered none not "
+              "judged already (the space their moves span from this kernel is that small)")
     evolve = evolve_command()
     print(f"browse:  {evolve} ui --data-dir {run.data_dir}\n"
           f"lineage: {evolve} lineage {champion.id} --data-dir {run.data_dir}\n"

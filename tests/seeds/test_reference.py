@@ -207,3 +207,12 @@ def test_a_run_from_a_reference_seed_moves_its_discovered_blocks(tmp_path):
     rows = [row for f in (tmp_path / "data").rglob("*.parquet") for row in pq.read_table(f).to_pylist()]
     moved = [row for row in rows if "block_sizes" in (row["operator"] or "") and row["status"] == "PASS"]
     assert moved, [(row["operator"], row["status"], row["error"]) for row in rows]
+
+
+def test_a_run_whose_moves_run_out_says_so(tmp_path):
+    """rmsnorm at 64 x 256 has one tunable with three legal values other than the seed's: four
+    kernels in all, and the run says why it judged no more of its budget."""
+    r = evolve("run", "--seed", "rmsnorm", "--shape", "T=64,D=256", "--population", "4", "--generations", "2",
+               "--data-dir", str(tmp_path / "data"), cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "judged 4 of the budget's 8 kernels: for the rest the operators offered none" in r.stdout
