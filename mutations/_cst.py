@@ -20,6 +20,7 @@ import libcst as cst
 
 from . import _sites
 from ._errors import NotApplicable
+from ._walk import walk
 
 TUNABLE_PREFIXES = ("BLOCK_", "HEADS_PER_PROGRAM", "VMEM_LIMIT_BYTES", "DIAGONAL_STRIP", "KV_SPLITS", "CHIPS")
 
@@ -58,22 +59,9 @@ def transform(node: cst.CSTNode, fn: Callable[[cst.CSTNode], cst.CSTNode | None]
     return node.visit(_Fn(fn))
 
 
-class _Collect(cst.CSTVisitor):
-    def __init__(self, pred):
-        super().__init__()
-        self.pred = pred
-        self.found: list[cst.CSTNode] = []
-
-    def on_visit(self, node):  # type: ignore[override]
-        if self.pred(node):
-            self.found.append(node)
-        return True
-
-
 def find_all(node: cst.CSTNode, pred: Callable[[cst.CSTNode], bool]) -> list[cst.CSTNode]:
-    visitor = _Collect(pred)
-    node.visit(visitor)
-    return visitor.found
+    """The nodes under ``node`` (itself included) that ``pred`` holds for, in visiting order."""
+    return [n for n in walk(node) if pred(n)]
 
 
 def is_call(node: cst.CSTNode, func: str) -> bool:

@@ -25,6 +25,7 @@ from typing import Any
 import libcst as cst
 
 from ._errors import NotApplicable
+from ._walk import walk
 
 # (entry point, site name): None for "the task's entry is unknown" / "the one reachable site".
 _SCOPE: contextvars.ContextVar[tuple[str | None, str | None]] = contextvars.ContextVar(
@@ -51,16 +52,11 @@ def current() -> tuple[str | None, str | None]:
 # ---- the module's call graph ----------------------------------------------------------------
 def _names(node: cst.CSTNode) -> set[str]:
     found: set[str] = set()
-
-    class V(cst.CSTVisitor):
-        def visit_Name(self, n: cst.Name) -> None:
+    for n in walk(node):
+        if isinstance(n, cst.Name):
             found.add(n.value)
-
-        def visit_Attribute(self, n: cst.Attribute) -> None:   # Class.method
-            if isinstance(n.value, cst.Name):
-                found.add(f"{n.value.value}.{n.attr.value}")
-
-    node.visit(V())
+        elif isinstance(n, cst.Attribute) and isinstance(n.value, cst.Name):   # Class.method
+            found.add(f"{n.value.value}.{n.attr.value}")
     return found
 
 
@@ -70,17 +66,11 @@ def _is_pallas_call(node: cst.CSTNode) -> bool:
             and node.func.attr.value == "pallas_call")
 
 
+@functools.lru_cache(maxsize=4096)   # trees are immutable; nodes hash by identity
 def calls_pallas(fn: cst.CSTNode) -> bool:
-    found = []
-
-    class V(cst.CSTVisitor):
-        def visit_Call(self, n: cst.Call) -> bool:
-            if _is_pallas_call(n):
-                found.append(n)
-            return not found
-
-    fn.visit(V())
-    return bool(found)
+    """Whether ``fn`` calls ``pl.pallas_call``. Memoised: every check and draw asks it of every
+    module-level function of its tree (``several``), and a production module has ~1000 lines."""
+    return any(_is_pallas_call(n) for n in walk(fn))
 
 
 @functools.lru_cache(maxsize=256)   # trees are immutable; nodes hash by identity

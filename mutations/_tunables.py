@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ._base import NotApplicable
+from ._base import NotApplicable, parse
 from ._cst import TUNABLE_PREFIXES, assigned_name
 
 
@@ -49,7 +49,7 @@ def read_tunables(source: str) -> dict[str, int]:
     Returns ``{}`` for a source that does not parse.
     """
     try:
-        module = cst.parse_module(source)
+        module = parse(source)      # the operators' parse, shared: the surrogate reads every child
     except cst.ParserSyntaxError:
         return {}
     return {k: v for k, v in module_ints(module).items() if _is_tunable(k)}

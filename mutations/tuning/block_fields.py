@@ -23,6 +23,7 @@ import functools
 import libcst as cst
 
 from .. import _sites
+from .._walk import walk
 
 # A production kernel's forward block names -> the task's tunable whose legal values they take.
 FIELD_TUNABLES = {
@@ -64,22 +65,17 @@ def _literals(node: cst.CSTNode) -> list[tuple[str, cst.Integer | cst.Name]]:
     """``name=<int>`` keyword arguments, ``name: T = <int>`` / ``name=<int>`` / ``name=None``
     parameter defaults and ``name: T = <int>`` class-body fields, for the names in FIELD_TUNABLES."""
     found: list[tuple[str, cst.Integer | cst.Name]] = []
-
-    class V(cst.CSTVisitor):
-        def visit_Arg(self, n: cst.Arg) -> None:
+    for n in walk(node):
+        if isinstance(n, cst.Arg):
             if n.keyword is not None and n.keyword.value in FIELD_TUNABLES and isinstance(n.value, cst.Integer):
                 found.append((n.keyword.value, n.value))
-
-        def visit_Param(self, n: cst.Param) -> None:
+        elif isinstance(n, cst.Param):
             if n.name.value in FIELD_TUNABLES and (isinstance(n.default, cst.Integer) or _is_none(n.default)):
                 found.append((n.name.value, n.default))
-
-        def visit_AnnAssign(self, n: cst.AnnAssign) -> None:
+        elif isinstance(n, cst.AnnAssign):
             if (isinstance(n.target, cst.Name) and n.target.value in FIELD_TUNABLES
                     and isinstance(n.value, cst.Integer)):
                 found.append((n.target.value, n.value))
-
-    node.visit(V())
     return found
 
 

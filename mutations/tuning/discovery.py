@@ -30,6 +30,7 @@ from typing import Any
 import libcst as cst
 
 from .. import _sites
+from .._walk import walk
 
 MAX_DEPTH = 8
 
@@ -103,16 +104,7 @@ def _callee(call: cst.Call) -> str | None:
 
 
 def _walk(node: cst.CSTNode, kind: type) -> list:
-    found: list = []
-
-    class V(cst.CSTVisitor):
-        def on_visit(self, n: cst.CSTNode) -> bool:
-            if isinstance(n, kind):
-                found.append(n)
-            return True
-
-    node.visit(V())
-    return found
+    return [n for n in walk(node) if isinstance(n, kind)]
 
 
 def _assignments(fn: cst.FunctionDef) -> dict[str, tuple[cst.BaseExpression, int | None]]:
