@@ -130,6 +130,18 @@ def kernel_entry(kernel_source: str, arity: int, given: str | None = None) -> st
     return found[0]
 
 
+def entry_names(kernel_source: str, entry: str, arity: int) -> tuple[str, ...]:
+    """The first ``arity`` positional parameters of the kernel's ``entry`` (() if not a plain
+    function of that many)."""
+    try:
+        tree = ast.parse(kernel_source)
+    except SyntaxError:
+        return ()
+    fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == entry), None)
+    names = [a.arg for a in (fn.args.posonlyargs + fn.args.args)] if fn is not None else []
+    return tuple(names[:arity]) if len(names) >= arity else ()
+
+
 @dataclasses.dataclass(frozen=True)
 class Task(SeedTask):
     """The task a reference file defines. Its fields (the file's text, where it was read, the
@@ -145,6 +157,7 @@ class Task(SeedTask):
     entry: str = "workload"
     profile: str = ""
     shape: str = ""               # create_inputs' keywords, as --shape gives them ("" : its defaults)
+    names: str = ""               # the kernel entry's names for the inputs ("a,b"; "" : the workload's)
 
     @classmethod
     def read(cls, path: str | Path, kernel_source: str | None = None, entry: str | None = None,
@@ -164,8 +177,9 @@ class Task(SeedTask):
         profile = profile_of(source, str(path), shape or "")
         arity = len(json.loads(profile)["inputs"])
         name = kernel_entry(kernel_source, arity, entry) if kernel_source is not None else (entry or "workload")
+        names = entry_names(kernel_source, name, arity) if kernel_source is not None else ()
         return cls(source=source, path=str(path.resolve()), entry=name, profile=profile,
-                   shape=json.loads(profile)["shape"])
+                   shape=json.loads(profile)["shape"], names=",".join(names))
 
     @classmethod
     def from_options(cls, shape: str | None = None, **options: Any) -> Task:
@@ -178,7 +192,9 @@ class Task(SeedTask):
 
     @property
     def input_names(self) -> tuple[str, ...]:  # type: ignore[override]
-        return tuple(i["name"] for i in self._read["inputs"])
+        """The kernel's names for its inputs (it is called positionally; the workload may name
+        them otherwise), else the workload's."""
+        return tuple(self.names.split(",")) if self.names else tuple(i["name"] for i in self._read["inputs"])
 
     @property
     def key(self) -> str:
