@@ -117,7 +117,13 @@ def consistent(values: dict[str, int]) -> str | None:
 def set_fields(module: cst.Module, entry: str | None, values: dict[str, int]) -> cst.Module:
     """Every literal of each named field set to its new value."""
     table = fields(module, entry)
-    replace = {id(lit): values[f.name] for f in table.values() if f.name in values for lit in f.literals}
+    return set_literals(module, {id(lit): values[f.name] for f in table.values() if f.name in values
+                                 for lit in f.literals})
+
+
+def set_literals(module: cst.Module, replace: dict[int, int]) -> cst.Module:
+    """The literals whose node ids ``replace`` names set to their new values (a ``None`` default
+    named there becomes the integer)."""
 
     class T(cst.CSTTransformer):
         def leave_Integer(self, original: cst.Integer, updated: cst.Integer) -> cst.Integer:

@@ -31,6 +31,7 @@ import libcst as cst
 
 from .. import _sites
 from .._walk import walk
+from .block_fields import set_literals
 
 MAX_DEPTH = 8
 
@@ -410,12 +411,5 @@ def discover(module: cst.Module, task: Any) -> dict[str, Tunable]:
 def set_values(module: cst.Module, task: Any, values: dict[str, int]) -> cst.Module:
     """Every literal of each named tunable set to its new value."""
     table = discover(module, task)
-    replace = {id(lit): values[t.name] for t in table.values() if t.name in values for lit in t.literals}
-
-    class T(cst.CSTTransformer):
-        def leave_Integer(self, original: cst.Integer, updated: cst.Integer) -> cst.Integer:
-            if id(original) in replace:
-                return updated.with_changes(value=str(replace[id(original)]))
-            return updated
-
-    return module.visit(T())
+    return set_literals(module, {id(lit): values[t.name] for t in table.values() if t.name in values
+                                 for lit in t.literals})
