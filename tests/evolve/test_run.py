@@ -273,7 +273,7 @@ def _digest(directory: Path) -> str:
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["run", "--seed", "matmul"], "unknown seed"),
+    (["run", "--seed", "no_such_seed"], "unknown seed"),
     (["run", "--population", "-3"], "population must be at least 2"),
     (["run", "--prune-factor", "0.5"], "prune_factor must be 0 (off) or at least 1"),
     (["run", "--chip", "v9"], "unknown chip"),
