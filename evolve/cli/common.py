@@ -93,6 +93,16 @@ def task_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def one_task(args: argparse.Namespace) -> str | None:
+    """``--reference`` (None if not given); a UsageError if ``--seed`` names a task beside it."""
+    from evolve.errors import UsageError
+
+    reference = getattr(args, "reference", None)
+    if reference and getattr(args, "seed", None):
+        raise UsageError(f"--seed {args.seed} and --reference {reference} both name the task; give one")
+    return reference
+
+
 def timing_parser() -> argparse.ArgumentParser:
     """``--timing``: every registered timing source, or auto."""
     from evaluator.figure.timing import timing_choices

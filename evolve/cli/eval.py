@@ -7,7 +7,7 @@ from pathlib import Path
 
 from evaluator.chips import CHIPS
 from evaluator.result import EvalResult
-from evolve.cli.common import Command, add_json_alias, print_json
+from evolve.cli.common import Command, add_json_alias, one_task, print_json
 from evolve.errors import UsageError
 
 
@@ -26,9 +26,7 @@ def task_from_args(args: argparse.Namespace, default_seed: str = "flash_attentio
     With ``--reference``, the kernel (``path`` or ``--start``) names the entry."""
     from evolve.config import TaskConfig
 
-    reference = getattr(args, "reference", None)
-    if reference and args.seed:
-        raise UsageError(f"--seed {args.seed} and --reference {reference} both name the task; give one")
+    reference = one_task(args)
     args.seed = args.seed or default_seed
     config = TaskConfig(seed=args.seed, shape=args.shape, causal=args.causal, dtype=args.dtype, chips=args.chips,
                         start=getattr(args, "start", None), reference=reference, entry=getattr(args, "entry", None))
@@ -130,8 +128,6 @@ class EvalCommand(Command):
         if not args.path and not args.start:
             raise UsageError(f"a kernel is required: give the path of a Python file that {wanted}, or "
                              "--start MODULE_OR_FILE")
-        if args.path and not Path(args.path).is_file():
-            raise UsageError(f"no kernel file at {args.path}; give the path of a Python file that {wanted}")
         start = start_from_args(args, seed_from_args(args), args.path)
         source, shown = start.source, args.path or start.label
         try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from evolve.cli.common import Command, add_executor_arguments, evolve_command, print_json
+from evolve.cli.common import Command, add_executor_arguments, evolve_command, one_task, print_json
 from evolve.cli.store import archive_at, champion_chain, champion_line, lineage_json, number, run_meta
 from evolve.errors import UsageError
 
@@ -15,8 +15,7 @@ from evolve.errors import UsageError
 def _config_from_args(args: argparse.Namespace):
     from evolve.config import load_config
 
-    if getattr(args, "reference", None) and args.seed:
-        raise UsageError(f"--seed {args.seed} and --reference {args.reference} both name the task; give one")
+    one_task(args)
     return load_config(args.config, {
         "search": {"population": args.population, "generations": args.generations,
                    "rng_seed": args.rng_seed, "prune_factor": args.prune_factor, "lag": args.lag},

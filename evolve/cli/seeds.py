@@ -14,15 +14,16 @@ class SeedsCommand(Command):
     def take_action(self, args: argparse.Namespace) -> int:
         from evolve.start import declared_starts, installed_version
         from seeds import builtin_seeds, load_seed
+        from seeds.reference import ReferenceSeed
 
         for name in builtin_seeds():
             seed = load_seed(name)
             task = seed.default_task()
-            grammar = getattr(task, "grammar", None) if hasattr(seed, "reference") else task.shape_grammar
             print(f"{name}\n  {seed.description}\n  default task: {task.key}\n"
-                  f"  --shape grammar: {grammar or '(none)'}; entry point: "
+                  f"  --shape grammar: {task.shape_grammar or '(none)'}; entry point: "
                   f"{task.entry}({', '.join(task.input_names)}, ...)\n"
-                  f"  directory: {seed.directory}" + ("  (task: reference.py)" if hasattr(seed, "reference") else ""))
+                  f"  directory: {seed.directory}"
+                  + ("  (task: reference.py)" if isinstance(seed, ReferenceSeed) else ""))
             for short, module in declared_starts(seed).items():
                 distribution, version = installed_version(module)
                 where = f"{distribution} {version} installed" if distribution else "not installed"
