@@ -19,7 +19,7 @@ class SearchConfig:
     weighted_drop: bool = True      # the edit dropped: an operator's by how seldom it has paid (else uniform)
     tweak_prob: float = 0.2         # a child is its parent with one edit's parameter moved to the nearest other value
     passed_parents: bool = True     # parents are kernels that passed (a failed one is only ever repaired)
-    local_prob: float = 0.3         # a child is one of the champion's one-step neighbours (a drop or a tweak)
+    local_prob: float = 0.3         # a child is a one-step neighbour: the champion's, or another shape's best's
     hall_of_fame: int = 2           # elites carried into every generation: the ratchet
     niches: int = 2                 # + the best of this many other block shapes (quality diversity)
     rng_seed: int = 0

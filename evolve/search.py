@@ -146,7 +146,8 @@ class Search:
         self.repairs: list[Individual] = []            # children failed in a way an operator repairs
         self.repairable = {status for op in self.operators for status in op.repairs}
         self.cells: dict[str, tuple] = {}             # individual id -> its block shape (parsed once)
-        self.near: dict[str, list[tuple]] = {}        # champion id -> its one-step moves not drawn yet
+        self.near: dict[tuple, list[tuple]] = {}      # (champion?, walked id) -> its one-step moves not drawn yet
+        self.turns = 0                                 # local steps taken (whose turn: see walked)
 
     def weights(self) -> dict[str, float] | None:
         """Each operator's chance of paying off (Laplace: (wins + 1) / (tries + 2))."""
@@ -268,28 +269,48 @@ class Search:
                     return child
         return None
 
+    def walked(self) -> list[Individual]:
+        """The kernels the local search walks, in turn: the champion every other step, and between
+        its steps the best kernel of each of the next ``niches`` block shapes in turn. A second
+        shape whose stacked kernel is one step from the best (2048-wide blocks whose minor block
+        is still 2048) is walked too, not only drawn by tournaments it rarely wins."""
+        others = [ind for ind in self.niches() if self.cell(ind) != self.cell(self.champion)]
+        others = others[:self.config.search.niches]
+        turn, self.turns = self.turns, self.turns + 1
+        first = others[(turn // 2) % len(others)] if others and turn % 2 else self.champion
+        return [first] + [ind for ind in [self.champion] + others if ind is not first]
+
+    def moves(self, walked: Individual) -> list[tuple]:
+        """A walked kernel's one-step moves: the champion's, every edit dropped and every knob
+        moved; another shape's best, its block shape moved a step (to a neighbouring cell: what
+        the cell's best would be at the next size up or down of one block)."""
+        if walked is self.champion:
+            return [("drop", i, None) for i in range(len(walked.edits))] + [("tweak", i, None) for i in knobs(walked)]
+        shaper = {op.name for op in self.operators if op.sets_shape}
+        return [("tweak", i, None) for i in knobs(walked) if walked.edits[i]["op"] in shaper]
+
     def local(self, rng: random.Random, generation: int) -> Individual | None:
-        """The local search's step: one of the champion's one-step neighbours (an edit dropped, or
-        a parameter moved to its nearest other value) not judged yet, drawn by what the operators'
-        paired trials say (a drop by how seldom its operator has paid, a tweak by how often): a
-        multi-step kernel found with a random parameter or with an edit that costs (a stacked
-        first kernel) is walked to its local optimum, whatever tournaments draw. Each champion's
-        moves are drawn without replacement and built only when drawn."""
-        champion = self.champion
-        moves = self.near.setdefault(champion.id, [("drop", i, None) for i in range(len(champion.edits))]
-                                     + [("tweak", i, None) for i in knobs(champion)])
+        """The local search's step: one of a walked kernel's one-step neighbours (an edit dropped,
+        or a parameter moved to its nearest other value) not judged yet, drawn by what the
+        operators' paired trials say (a drop by how seldom its operator has paid, a tweak by how
+        often): a multi-step kernel found with a random parameter or with an edit that costs (a
+        stacked first kernel) is walked to its local optimum, whatever tournaments draw. Each
+        kernel's moves are drawn without replacement and built only when drawn; the kernel whose
+        turn it is (:meth:`walked`) first, the others when its moves are spent."""
         weights = self.weights() or {}
-        while moves:
-            chance = [(drop_chance if kind == "drop" else tweak_chance)(champion.edits[i]["op"], weights)
-                      for kind, i, _ in moves]
-            kind, i, params = moves.pop(rng.choices(range(len(moves)), weights=chance, k=1)[0])
-            if kind == "tweak" and params is None:     # its nearest values, each a move of its own
-                moves += [("tweak", i, p) for p in nearest(champion, i, self.seed_source, self.task, rng)]
-                continue
-            child = dropped(champion, i, self.seed_source, self.task, generation) if kind == "drop" else \
-                tweaked(champion, i, params, self.seed_source, self.task, generation)
-            if child is not None and child.id not in self.seen:
-                return child
+        for walked in self.walked():
+            moves = self.near.setdefault((walked is self.champion, walked.id), self.moves(walked))
+            while moves:
+                chance = [(drop_chance if kind == "drop" else tweak_chance)(walked.edits[i]["op"], weights)
+                          for kind, i, _ in moves]
+                kind, i, params = moves.pop(rng.choices(range(len(moves)), weights=chance, k=1)[0])
+                if kind == "tweak" and params is None:     # its nearest values, each a move of its own
+                    moves += [("tweak", i, p) for p in nearest(walked, i, self.seed_source, self.task, rng)]
+                    continue
+                child = dropped(walked, i, self.seed_source, self.task, generation) if kind == "drop" else \
+                    tweaked(walked, i, params, self.seed_source, self.task, generation)
+                if child is not None and child.id not in self.seen:
+                    return child
         return None
 
     def breed_one(self, index: int, generation: int) -> Individual | None:

@@ -10,10 +10,11 @@ of an older judge is ever reused. A change to the search (``evolve/``, ``mutatio
 cache: re-running the suite costs only the kernels the changed search breeds anew.
 
 Reported per task: the champion; the strongest peer judged by the same judge in the same suite
-(the seed's own peers, e.g. JAX's kernel at its tuned blocks, and the task's, e.g. JAX at
-Autocomp's blocks); their ratio; the best kernel the suite's archive knows for the task (any run,
-any commit with this judge) and the evaluations this run took to reach 95% of its speed. The
-suite's geometric-mean margin over the peers sums it up.
+(the seed's own peers, e.g. JAX's kernel at its tuned blocks; the task's, e.g. JAX at Autocomp's
+blocks; the task's XLA program, judged beside the champion); their ratio; the best kernel the
+suite's archive knows for the task (any run, any commit with this judge) and the evaluations
+this run took to reach 95% of its speed. The suite's geometric-mean margin over the peers sums
+it up.
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ SUITES: dict[str, tuple[SuiteTask, ...]] = {
                           "examples/jax_flash_attention_autocomp_blocks.py"),)),
         SuiteTask("seed, default task on v6e", chip="v6e"),
         SuiteTask("decode, default task", seed="flash_decoding"),
+        SuiteTask("rmsnorm, default task", seed="rmsnorm"),
+        SuiteTask("matmul, 1024 cube", seed="matmul", shape="M=1024,K=1024,N=1024"),
     ),
 }
 
@@ -78,6 +81,7 @@ class TaskOutcome:
     champion: float | None = None
     peer: str | None = None          # the strongest peer's label
     peer_cost: float | None = None
+    peers: dict[str, float | None] = dataclasses.field(default_factory=dict)   # every peer: None if it failed
     best_known: float | None = None
     evals_to_target: int | None = None
     kernels: int = 0
@@ -210,6 +214,8 @@ def run_task(item: SuiteTask, base: RunConfig, data_dir: Path, run_id: str) -> T
     except Exception as exc:  # noqa: BLE001 - one task's failure is its row, the suite goes on
         return TaskOutcome(item.label, "", item.chip, "failed", run_id, error=f"{type(exc).__name__}: {exc}"[:300],
                            minutes=(time.monotonic() - start) / 60)
+    if champion is not None and (xla := reference_cost(champion.result)):
+        peers[XLA] = xla
     passed = {label: cost for label, cost in peers.items() if cost}
     peer = min(passed, key=passed.get, default=None)
     known = best_known(Archive(data_dir), run.task.key, run.prov.chip, run.prov.timing_source)
@@ -218,9 +224,20 @@ def run_task(item: SuiteTask, base: RunConfig, data_dir: Path, run_id: str) -> T
     return TaskOutcome(
         item.label, run.task.key, run.prov.chip, "ok" if champion is not None else "failed", run_id,
         champion.id if champion else None, _cost(champion.result) if champion else None,
-        peer, passed.get(peer), known, evals_to(run.search.taken, known / TARGET) if known else None,
+        peer, passed.get(peer), peers, known, evals_to(run.search.taken, known / TARGET) if known else None,
         len(run.search.taken), run.progress.judged, (time.monotonic() - start) / 60,
         run.prov.timing_source, run.prov.libtpu_version, "" if champion else "no kernel passed")
+
+
+XLA = "the task's XLA program"
+
+
+def reference_cost(result) -> float | None:
+    """The task's XLA program's cost in the verdict ``result`` (judged beside the kernel): a peer
+    of every task, the only one where the seed names none (a matmul, a norm)."""
+    m = result.metrics
+    return float(m.reference_cycles) if m.estimated_cycles and m.reference_cycles else (
+        m.reference_latency_s if not m.estimated_cycles else None)
 
 
 def geomean_margin(outcomes: list[TaskOutcome]) -> float | None:

@@ -11,6 +11,7 @@ from typing import Any
 from evolve.individual import Individual
 from mutations import Edit, all_operators, get_operator
 from mutations._replay import replay_applicable
+from mutations.tuning.block_sizes import consistent
 
 
 # The chance that a move's next edit is drawn among the operators its last edit made applicable.
@@ -233,6 +234,27 @@ def _distance(a: dict[str, Any], b: dict[str, Any]) -> float:
     return total
 
 
+def shape_steps(op: Any, params: dict[str, Any], before: str, task: Any) -> list[dict[str, Any]]:
+    """A block shape's one-step neighbours, made rather than drawn: each of its sizes moved to the
+    next legal value up or down (the others kept, the minor blocks still dividing their majors).
+    A shape edit's draws scale every size at once or redraw the whole shape, so a step of one size
+    (block_k 2048 -> 1024 under 2048-wide majors) came only at the chance of drawing it."""
+    shape = params.get("shape")
+    if not op.sets_shape or not isinstance(shape, dict):
+        return []
+    out = []
+    for name, value in shape.items():
+        legal = sorted(op.shape_legal(name, task, before))
+        if value not in legal:
+            continue
+        k = legal.index(value)
+        for step in (legal[k - 1] if k else None, legal[k + 1] if k + 1 < len(legal) else None):
+            moved = {**shape, name: step}
+            if step is not None and consistent(moved):
+                out.append({**params, "shape": moved})
+    return out
+
+
 def nearest(parent: Individual, i: int, seed_source: str, task: Any, rng: random.Random,
             draws: int = 64) -> list[dict[str, Any]]:
     """The parameter sets nearest to edit ``i``'s (by :func:`_distance`) among ``draws`` draws of
@@ -247,6 +269,8 @@ def nearest(parent: Individual, i: int, seed_source: str, task: Any, rng: random
         params = Edit(edit["op"], op.sample_params(before, task, random.Random(rng.random()))).params
         if params != edit.get("params"):
             options.setdefault(json.dumps(params, sort_keys=True), params)
+    for params in shape_steps(op, edit.get("params") or {}, before, task):
+        options.setdefault(json.dumps(params, sort_keys=True), params)
     ranked = sorted((_distance(edit.get("params") or {}, params), key) for key, params in options.items())
     return [options[key] for distance, key in ranked if distance == ranked[0][0] < math.inf] if ranked else []
 

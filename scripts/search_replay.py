@@ -48,6 +48,7 @@ def main() -> int:
     p.add_argument("--cache", default=None, help="the figures' cache (default /tmp/search-replay-CHIP-TASK.json)")
     p.add_argument("--trace", action="store_true", help="also print every kernel taken: its move and figure")
     p.add_argument("--start", default=None, help="start from this module or file (as evolve run --start)")
+    p.add_argument("--dump", default=None, help="write every kernel taken (edits, status, figure) to this JSON file")
     a = p.parse_args()
     settings = {key: json.loads(value) for key, value in (item.split("=", 1) for item in a.set)}
     task_cfg = TaskConfig(seed=a.seed, shape=a.shape, start=a.start)
@@ -101,6 +102,11 @@ def main() -> int:
                 shape = {k: v for k, v in block_values(ind.source, task).items()}
                 print(f"  {i:3d} gen {ind.generation} {ind.operator:18s} {ind.result.status.value:12s} "
                       f"{m.estimated_cycles or '-':>9} {shape} {[e['op'] for e in ind.edits]}")
+        if a.dump:
+            Path(a.dump).write_text(json.dumps([
+                {"id": ind.id, "operator": ind.operator, "generation": ind.generation, "edits": ind.edits,
+                 "status": ind.result.status.value, "cycles": ind.result.metrics.estimated_cycles}
+                for ind in search.taken], indent=1, default=str))
         edits = " -> ".join(e["op"] + (f"{e['params']}" if e.get("params") else "") for e in champion.edits)
         print(f"RNG seed {rng_seed}: champion {champion.result.metrics.estimated_cycles:,} cycles after "
               f"{len(search.taken)} kernels ({time.monotonic() - start:.0f} s)"

@@ -389,4 +389,61 @@ def test_the_local_step_walks_the_champion_s_neighbours_once_each():
     for c in near:
         assert c.source == replay(SEED.source, c.edits, TASK).source
     # The neighbourhood spent: the child is bred by the other moves.
-    assert after is not None and after.id not in {c.id for c in near} and search.near[champion.id] == []
+    assert after is not None and after.id not in {c.id for c in near} and search.near[(True, champion.id)] == []
+
+
+def _jax_flash_attention():
+    """JAX's installed flash attention (read at test time) and its task, as --start jax gives them."""
+    from evolve.config import TaskConfig
+    from evolve.start import resolve_start
+
+    config = TaskConfig(seed="flash_attention", start="jax")
+    return resolve_start("jax", config.load_seed()).source, config.task()
+
+
+def test_a_block_shape_s_tweak_moves_one_size_a_step():
+    from evolve.variation import nearest, shape_steps
+    from mutations import get_operator
+
+    source, task = _jax_flash_attention()
+    shape = {"block_q": 2048, "block_k_major": 2048, "block_k": 2048}
+    edit = Edit("block_sizes", {"shape": shape})
+    parent = Individual(replay(source, [edit], task).source, edits=[edit.to_dict()])
+    steps = [p["shape"] for p in shape_steps(get_operator("block_sizes"), edit.params, source, task)]
+    # Each size a step down (2048 is the largest legal); block_k_major alone would no longer hold block_k.
+    def key(shape):
+        return json.dumps(shape, sort_keys=True)
+
+    assert sorted(map(key, steps)) == sorted(map(key, [{**shape, "block_q": 1024}, {**shape, "block_k": 1024}]))
+    # The tweak's nearest values are those steps, whatever the operator's draws (which redraw the shape).
+    near = [p["shape"] for p in nearest(parent, 0, source, task, random.Random(0))]
+    assert sorted(map(key, near)) == sorted(map(key, steps))
+    # An edit of one tunable (our seed's constants) has no shape to step.
+    assert shape_steps(get_operator("block_sizes"), {"tunable": "BLOCK_Q", "value": 1024}, SEED.source, TASK) == []
+    assert shape_steps(get_operator("causal_skip"), {"shape": shape}, source, task) == []
+
+
+def test_the_local_step_also_walks_the_best_of_another_block_shape():
+    source, task = _jax_flash_attention()
+
+    def kernel(q: int, k_major: int, k: int, cycles: int) -> Individual:
+        edits = [Edit("block_sizes", {"shape": {"block_q": q, "block_k_major": k_major, "block_k": k}}),
+                 Edit("exp2_softmax", {})]
+        result = replay(source, edits, task)
+        assert result.status == "applied", result.reason
+        ind = Individual(result.source, edits=[e.to_dict() for e in edits])
+        return _judged(ind, Status.PASS, cycles, 1e6 / cycles)
+
+    search = Search(RunConfig(search=SearchConfig(local_prob=1.0, niches=1)), source, task,
+                    evaluate=len, record=print)
+    champion, other = kernel(1024, 1024, 1024, 150_000), kernel(2048, 2048, 2048, 200_000)
+    for ind in (champion, other):
+        search.record([ind])
+        search.taken.append(ind)
+    bred = [search.breed_one(10 + k, 1) for k in range(4)]
+    assert [c.parent_ids for c in bred] == [(champion.id,), (other.id,), (champion.id,), (other.id,)]
+    # The other shape's best moves its block shape a step (to a neighbouring cell), nothing else.
+    assert {json.dumps(c.params["to"]["shape"], sort_keys=True) for c in bred[1::2]} == {
+        json.dumps({"block_q": 1024, "block_k_major": 2048, "block_k": 2048}, sort_keys=True),
+        json.dumps({"block_q": 2048, "block_k_major": 2048, "block_k": 1024}, sort_keys=True)}
+    assert all(c.edits[1:] == other.edits[1:] for c in bred[1::2])
