@@ -89,7 +89,8 @@ class EvolutionRun:
         self.run_id = run_id or new_run_id()
         self.seed = config.task.load_seed()
         self.task = config.task.task()
-        self.start_from = resolve_start(config.task.start, self.seed)   # the seed's kernel, or --start's
+        # the seed's kernel, or --start's (a block parameter it leaves to its caller given a default)
+        self.start_from = resolve_start(config.task.start, self.seed).for_task(self.task)
         self.seed_source = self.start_from.source
         self.judge = Judge(self.config.judge.judge_config(self.data_dir))
         ensure_store(self.data_dir)           # the schema, once, before any worker starts

@@ -43,10 +43,33 @@ class Start:
     source: str = dataclasses.field(repr=False)
     distribution: str | None = None   # the installed distribution that ships the module
     version: str | None = None
+    # Block parameters the source leaves to its caller, given a default for the task (for_task),
+    # and the sha256 of the source as read (what a resumed run checks).
+    defaults: tuple[tuple[str, Any], ...] = ()
+    read_sha256: str | None = None
 
     @property
     def sha256(self) -> str:
-        return hashlib.sha256(self.source.encode()).hexdigest()
+        return self.read_sha256 or hashlib.sha256(self.source.encode()).hexdigest()
+
+    def for_task(self, task: Any) -> Start:
+        """This start as ``task`` runs it: an entry's keyword-only block parameter that has no
+        default (JAX's ``matmul(x, y, *, block_shape)``) given one, legal for the task's arrays
+        (``mutations.tuning.discovery.required_defaults``); itself when nothing is missing."""
+        import libcst as cst
+
+        from mutations import _sites
+        from mutations.tuning.discovery import required_defaults
+
+        try:
+            module = cst.parse_module(self.source)
+        except cst.ParserSyntaxError:
+            return self               # the judge says what is wrong with it
+        with _sites.scope(task):
+            module, given = required_defaults(module, task)
+        if not given:
+            return self
+        return dataclasses.replace(self, source=module.code, defaults=tuple(given.items()), read_sha256=self.sha256)
 
     @property
     def label(self) -> str:
@@ -54,14 +77,17 @@ class Start:
         (jax 0.10.2)``, ``seed flash_attention`` or ``file /x/k.py (sha256 1a2b3c4d5e6f)``."""
         if self.kind == "module":
             where = f"{self.distribution} {self.version}" if self.distribution else "no distribution"
-            return f"{self.name} ({where}, sha256 {self.sha256[:12]})"
-        return f"{self.kind} {self.name} (sha256 {self.sha256[:12]})"
+            label = f"{self.name} ({where}, sha256 {self.sha256[:12]})"
+        else:
+            label = f"{self.kind} {self.name} (sha256 {self.sha256[:12]})"
+        given = ", ".join(f"{k}={v}" for k, v in self.defaults)
+        return label + (f" with {given} (no default in the source)" if given else "")
 
     def record(self) -> dict[str, Any]:
         """What a run stores of its start (everything but the source itself)."""
         return {"spec": self.spec, "kind": self.kind, "name": self.name, "path": self.path,
                 "distribution": self.distribution, "version": self.version, "sha256": self.sha256,
-                "label": self.label}
+                "label": self.label, "defaults": {k: v for k, v in self.defaults}}
 
 
 def resolve_start(spec: str | None, seed, *, file: bool = False) -> Start:

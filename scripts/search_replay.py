@@ -53,7 +53,7 @@ def main() -> int:
     settings = {key: json.loads(value) for key, value in (item.split("=", 1) for item in a.set)}
     task_cfg = TaskConfig(seed=a.seed, shape=a.shape, start=a.start)
     task, seed = task_cfg.task(), task_cfg.load_seed()
-    source = resolve_start(a.start, seed).source
+    source = resolve_start(a.start, seed).for_task(task).source
     path = Path(a.cache or f"/tmp/search-replay-{a.chip}-{task.key.replace('/', '_')}.json")
     cache = json.loads(path.read_text()) if path.exists() else {}
     lock = threading.Lock()

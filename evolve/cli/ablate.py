@@ -28,7 +28,7 @@ class AblateCommand(Command):
 
         task = task_from_args(args)
         seed = seed_from_args(args)
-        start = start_from_args(args, seed)
+        start = start_from_args(args, seed).for_task(task)
         check_tiling(start.source, task)
         settings = JudgeSettings(chip=args.chip, workers=args.workers or 0, executor=args.executor or "local",
                                  ray_address=args.ray_address or "")

@@ -128,7 +128,7 @@ class EvalCommand(Command):
         if not args.path and not args.start:
             raise UsageError(f"a kernel is required: give the path of a Python file that {wanted}, or "
                              "--start MODULE_OR_FILE")
-        start = start_from_args(args, seed_from_args(args), args.path)
+        start = start_from_args(args, seed_from_args(args), args.path).for_task(task)
         source, shown = start.source, args.path or start.label
         try:
             compile(source, start.path, "exec")

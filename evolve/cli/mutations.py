@@ -71,7 +71,7 @@ class MutateCommand(Command):
                 return _error(f"cannot read {args.path}: {getattr(exc, 'strerror', None) or exc}")
         try:
             task = task_from_args(args, path=args.path)
-            start = start_from_args(args, seed_from_args(args), args.path)
+            start = start_from_args(args, seed_from_args(args), args.path).for_task(task)
         except UsageError as exc:
             return _error(str(exc))
         original = start.source

@@ -119,7 +119,8 @@ class RunCommand(Command):
         from evolve.start import resolve_start
 
         config = _config_from_args(args)
-        check_tiling(resolve_start(config.task.start, config.task.load_seed()).source, config.task.task())
+        task = config.task.task()
+        check_tiling(resolve_start(config.task.start, config.task.load_seed()).for_task(task).source, task)
         archive_at(args.data_dir, create=True)
         with open_executor(config.judge) as executor:
             run = EvolutionRun(config, args.data_dir, executor=executor)

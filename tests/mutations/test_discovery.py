@@ -176,3 +176,53 @@ def test_mosaic_tiling_rules():
     assert legal_tiles(100, 1, "float32") == [100]                  # only the whole dimension
     assert legal_tiles(64, 2, "bfloat16") == [16, 32, 64]
     assert legal_tiles(6, 3, "float32") == [1, 2, 3, 6]
+
+
+def test_a_block_parameter_with_no_default_is_given_one_legal_for_the_task():
+    from mutations.tuning.discovery import required_defaults
+
+    source = HEADER + textwrap.dedent("""
+        def _kernel(x_ref, y_ref, o_ref):
+            o_ref[...] = jnp.dot(x_ref[...], y_ref[...])
+
+        def matmul(x, y, *, block_shape, block_k=256, interpret=False):
+            bm, bn = block_shape
+            return pl.pallas_call(
+                _kernel,
+                grid=(x.shape[0] // bm, y.shape[1] // bn),
+                in_specs=[pl.BlockSpec((bm, x.shape[1]), lambda i, j: (i, 0)),
+                          pl.BlockSpec((y.shape[0], bn), lambda i, j: (0, j))],
+                out_specs=pl.BlockSpec((bm, bn), lambda i, j: (i, j)),
+                out_shape=jax.ShapeDtypeStruct((x.shape[0], y.shape[1]), x.dtype),
+                interpret=interpret,
+            )(x, y)
+    """)
+    task = Matmul(m=64, n=768)
+    module, given = required_defaults(parse(source), task)
+    # Each element the legal value nearest 256: rows of 64 allow at most 64; 768 lanes allow 256.
+    assert given == {"block_shape": (64, 256)}
+    assert "block_shape=(64, 256)" in module.code and "interpret=False" in module.code
+    found = discover(module, task)
+    assert {t.name: t.value for t in found.values()} == {"block_shape[0]": 64, "block_shape[1]": 256}
+    # Nothing missing: the module unchanged. A keyword-only parameter no block shape reads keeps none.
+    again, none = required_defaults(module, task)
+    assert none == {} and again.code == module.code
+    plain = source.replace("interpret=False", "interpret")
+    assert "interpret=" not in required_defaults(parse(plain), task)[0].code.split("def matmul")[1].split(":")[0]
+
+
+def test_jax_s_matmul_starts_with_a_block_shape_it_leaves_to_its_caller():
+    """JAX's installed matmul (read at test time) takes ``block_shape`` with no default: a run
+    from it gives it one, says so in the start's label, and keeps the source's sha256."""
+    from evolve.config import TaskConfig
+    from evolve.start import resolve_start
+
+    config = TaskConfig(seed="matmul", shape="M=128,K=256,N=512")
+    read = resolve_start("jax.experimental.pallas.ops.tpu.matmul", config.load_seed())
+    start = read.for_task(config.task())
+    assert dict(start.defaults) == {"block_shape": (128, 256)}
+    assert "block_shape=(128, 256)" in start.source and "block_shape=" not in read.source.split("def matmul")[1][:200]
+    assert start.sha256 == read.sha256 and "with block_shape=(128, 256) (no default in the source)" in start.label
+    assert start.record()["defaults"] == {"block_shape": (128, 256)}
+    names = {t.name for t in discover(parse(start.source), config.task()).values()}
+    assert {"block_shape[0]", "block_shape[1]", "block_k"} <= names
