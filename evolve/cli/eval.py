@@ -105,6 +105,48 @@ def format_table(result: EvalResult, path: str, task) -> str:
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
+NO_VERDICT = "ESTIMATE ONLY: no verdict (correctness not checked; judge it with evolve eval before trusting it)"
+
+
+def estimate_only(judge, source: str, task, shown: str, start, fmt: str) -> int:
+    """``evolve eval --estimate-only``: the kernel's and the XLA program's figures from the
+    compiler's estimate, the construct findings the estimate cannot see, and no verdict; 0 when
+    the kernel has a figure, 1 when it has none (it did not trace or compile, or the estimate
+    cannot see what it does)."""
+    timing, findings = judge.estimate_timing(source, task)
+    reference, _ = judge.estimate_timing(None, task)
+    blind = [f for f in findings if f.get("construct") in judge.timing.blind_spots]
+    cycles = None if blind else timing.cycles
+    error = timing.error or ("the estimate cannot see: " + "; ".join(
+        f"{f['construct']} in {f['where']}" for f in blind) if blind else "")
+    ratio = reference.cycles / cycles if cycles and reference.cycles else None
+    prov = judge.provenance(task)
+    data = {"status": "ESTIMATE_ONLY", "verdict": None, "note": NO_VERDICT, "kernel": shown, "task": task.key,
+            "timing_source": prov.timing_source, "chip": prov.chip, "libtpu_version": prov.libtpu_version,
+            "estimated_cycles": cycles, "compute_cycles": timing.compute_cycles, "hbm_cycles": timing.hbm_cycles,
+            "latency_s": timing.latency_s if cycles else None, "reference_cycles": reference.cycles,
+            "reference_latency_s": reference.latency_s, "speedup_vs_reference": ratio, "error": error,
+            "start": start.record()}
+    if fmt == "json":
+        print_json(data, indent=None)
+    else:
+        def us(value):
+            return "-" if value is None else f"{value * 1e6:.4g} us"
+
+        rows = [("kernel", shown), ("task", task.key), ("status", NO_VERDICT), ("error", error or "-"),
+                ("timing source", f"{prov.timing_source} (chip {prov.chip}, libtpu {prov.libtpu_version})"),
+                ("estimated cycles", f"{cycles:,}" if cycles else "-"),
+                ("  compute / HBM floor", f"{timing.compute_cycles:,} / {timing.hbm_cycles:,}"
+                 if cycles and timing.compute_cycles and timing.hbm_cycles else "-"),
+                ("latency", us(timing.latency_s if cycles else None)),
+                ("XLA program", f"{reference.cycles:,} cycles, {us(reference.latency_s)}" if reference.cycles else
+                 f"- ({reference.error or 'no figure'})"),
+                ("speedup vs XLA program", f"{ratio:.3f}x (estimate only)" if ratio else "-")]
+        width = max(len(k) for k, _ in rows)
+        print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
+    return 0 if cycles else 1
+
+
 class EvalCommand(Command):
     name = "eval"
     help = "judge one kernel file against the seed's task"
@@ -115,6 +157,10 @@ class EvalCommand(Command):
                             help="a kernel file defining the seed's entry point (flash_attention(q, k, v, "
                                  "*, causal, sm_scale) for the default seed); or name it with --start")
         add_json_alias(parser, help="print one JSON object instead of a table (the same as --format json)")
+        parser.add_argument("--estimate-only", action="store_true",
+                            help="the compiler's estimate of the kernel and of the task's XLA program, "
+                                 "with no correctness check: no verdict (for shapes too large to check "
+                                 "here; never for crowning), nothing stored")
 
     def take_action(self, args: argparse.Namespace) -> int:
         from evaluator.judge import Judge
@@ -137,10 +183,16 @@ class EvalCommand(Command):
             raise UsageError(f"{shown} is not Python{where}; give the path of a Python file that "
                              f"{wanted}") from None
         check_tiling(source, task)
+        if args.estimate_only and args.timing not in (None, "auto", "compiler_estimate"):
+            raise UsageError(f"--estimate-only reads the compiler's estimate; drop --timing {args.timing} "
+                             "or judge the kernel in full without --estimate-only")
+        timing = "compiler_estimate" if args.estimate_only else args.timing or "auto"
         try:
-            judge = Judge(JudgeSettings(chip=args.chip, timing=args.timing or "auto").judge_config())
+            judge = Judge(JudgeSettings(chip=args.chip, timing=timing).judge_config())
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+        if args.estimate_only:
+            return estimate_only(judge, source, task, shown, start, args.format)
         result = judge.evaluate(source, task)
         if getattr(args, "reference", None) and (result.error or "").startswith("output shape"):
             raise UsageError(f"the kernel and the reference file's workload disagree: {result.error}; "

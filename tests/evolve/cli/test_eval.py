@@ -70,3 +70,24 @@ def test_bad_arguments_get_one_line_and_exit_2(args, fragment):
     assert r.stdout == ""
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0], r.stderr
+
+
+def test_estimate_only_gives_the_figures_and_no_verdict():
+    """--estimate-only: the compiler's estimate of the kernel and of the XLA program, labelled as
+    no verdict (JAX's installed matmul, read at test time, from --start with its block_shape given)."""
+    r = evolve("eval", "--seed", "matmul", "--shape", "M=128,K=256,N=256", "--estimate-only", "--json",
+               "--start", "jax.experimental.pallas.ops.tpu.matmul")
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["status"] == "ESTIMATE_ONLY" and out["verdict"] is None and "no verdict" in out["note"]
+    assert out["estimated_cycles"] > 0 and out["reference_cycles"] > 0
+    assert out["speedup_vs_reference"] == pytest.approx(out["reference_cycles"] / out["estimated_cycles"])
+    assert out["timing_source"].startswith("compiler_estimate") and out["libtpu_version"]
+    assert out["start"]["defaults"] == {"block_shape": [128, 256]}
+
+
+def test_estimate_only_refuses_a_measured_timing_source():
+    r = evolve("eval", "--seed", "matmul", "--estimate-only", "--timing", "measured",
+               "--start", "jax.experimental.pallas.ops.tpu.matmul")
+    assert r.returncode == 2 and "--estimate-only reads the compiler's estimate" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
