@@ -44,6 +44,14 @@ def result_cost(result) -> float | None:
     return float(m.estimated_cycles) if m.estimated_cycles else m.latency_s
 
 
+def reference_cost(result) -> float | None:
+    """The task's XLA program's cost in the same verdict, in the same unit as :func:`result_cost`."""
+    m = result.metrics
+    if m.estimated_cycles:
+        return float(m.reference_cycles) if m.reference_cycles else None
+    return m.reference_latency_s
+
+
 def _cost(ind) -> float | None:
     return result_cost(ind.result)
 

@@ -27,13 +27,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from evolve.bench import result_cost as _cost
+from evolve.bench import reference_cost, result_cost as _cost
 from evolve.config import JudgeSettings, RunConfig, TaskConfig
 from evolve.errors import UsageError
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = 0.95
 JAX_FLASH = "jax.experimental.pallas.ops.tpu.flash_attention"
+# The task's XLA program, judged beside the champion: a peer of every task, the only one where the
+# seed names none (a matmul, a norm).
+XLA = "the task's XLA program"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,17 +230,6 @@ def run_task(item: SuiteTask, base: RunConfig, data_dir: Path, run_id: str) -> T
         peer, passed.get(peer), peers, known, evals_to(run.search.taken, known / TARGET) if known else None,
         len(run.search.taken), run.progress.judged, (time.monotonic() - start) / 60,
         run.prov.timing_source, run.prov.libtpu_version, "" if champion else "no kernel passed")
-
-
-XLA = "the task's XLA program"
-
-
-def reference_cost(result) -> float | None:
-    """The task's XLA program's cost in the verdict ``result`` (judged beside the kernel): a peer
-    of every task, the only one where the seed names none (a matmul, a norm)."""
-    m = result.metrics
-    return float(m.reference_cycles) if m.estimated_cycles and m.reference_cycles else (
-        m.reference_latency_s if not m.estimated_cycles else None)
 
 
 def geomean_margin(outcomes: list[TaskOutcome]) -> float | None:

@@ -101,6 +101,11 @@ def format_table(result: EvalResult, path: str, task) -> str:
         ("correctness run", fmt(m.correctness_time_s, " s", digits=3)),
         ("evaluation wall time", f"{result.wall_time_s:.1f} s"),
     ]
+    return _aligned(rows)
+
+
+def _aligned(rows: list[tuple[str, str]]) -> str:
+    """Two columns, the keys padded to the longest."""
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
@@ -142,8 +147,7 @@ def estimate_only(judge, source: str, task, shown: str, start, fmt: str) -> int:
                 ("XLA program", f"{reference.cycles:,} cycles, {us(reference.latency_s)}" if reference.cycles else
                  f"- ({reference.error or 'no figure'})"),
                 ("speedup vs XLA program", f"{ratio:.3f}x (estimate only)" if ratio else "-")]
-        width = max(len(k) for k, _ in rows)
-        print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
+        print(_aligned(rows))
     return 0 if cycles else 1
 
 
