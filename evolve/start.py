@@ -55,11 +55,11 @@ class Start:
     def for_task(self, task: Any) -> Start:
         """This start as ``task`` runs it: an entry's keyword-only block parameter that has no
         default (JAX's ``matmul(x, y, *, block_shape)``) given one, legal for the task's arrays
-        (``mutations.tuning.discovery.required_defaults``); itself when nothing is missing."""
+        (``mutations.tuning.defaults.required_defaults``); itself when nothing is missing."""
         import libcst as cst
 
         from mutations import _sites
-        from mutations.tuning.discovery import required_defaults
+        from mutations.tuning.defaults import required_defaults
 
         try:
             module = cst.parse_module(self.source)

@@ -179,7 +179,7 @@ def test_mosaic_tiling_rules():
 
 
 def test_a_block_parameter_with_no_default_is_given_one_legal_for_the_task():
-    from mutations.tuning.discovery import required_defaults
+    from mutations.tuning.defaults import required_defaults
 
     source = HEADER + textwrap.dedent("""
         def _kernel(x_ref, y_ref, o_ref):
