@@ -119,7 +119,11 @@ def _kernel_name(site: cst.FunctionDef, module: cst.Module) -> str:
             name = call.args[0].value.value  # type: ignore[attr-defined]
             if module_function(module, name) is not None:
                 return name
-    raise NotApplicable("no functools.partial(<kernel>, ...) of a module-level kernel in the wrapper")
+    for call in find_all(site, lambda n: is_call(n, "pl.pallas_call")):
+        first = call.args[0].value if call.args else None  # type: ignore[attr-defined]
+        if isinstance(first, cst.Name) and module_function(module, first.value) is not None:
+            return first.value                               # pl.pallas_call(kernel, ...)
+    raise NotApplicable("pallas_call's kernel is not a module-level function, nor a functools.partial of one")
 
 
 def kernel(module: cst.Module) -> cst.FunctionDef:

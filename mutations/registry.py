@@ -30,6 +30,7 @@ OPERATORS = Registry("operators", {
     "dimension_semantics": "mutations.tuning.dimension_semantics:DimensionSemantics",
     "chip_split": "mutations.decode.chip_split:ChipSplit",
     "copies_in_need": "mutations.decode.copies_in_need:CopiesInNeed",
+    "fuse_epilogue": "mutations.pipeline.fuse_epilogue:FuseEpilogue",
 }, member="operator")
 _INSTANCES: dict[str, Operator] = {}
 _LOCK = threading.Lock()

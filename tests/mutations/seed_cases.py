@@ -1,4 +1,5 @@
-"""The seeds the mutation tests run on: every built-in seed and the axpy example (loaded by path),
+"""The seeds the mutation tests run on: every built-in seed, the axpy example and the reference-file
+matmul with its bias and gelu in the entry (loaded by path),
 each at its default task and at the small tasks it declares (``SeedTask.test_tasks``)."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from pathlib import Path
 from seeds import Seed, SeedTask, builtin_seeds, load_seed
 
 REPO = Path(__file__).resolve().parents[2]
-EXAMPLE_SEEDS = (REPO / "examples" / "seed_axpy",)
+EXAMPLE_SEEDS = (REPO / "examples" / "seed_axpy", REPO / "examples" / "reference_matmul")
 
 
 
