@@ -17,6 +17,7 @@ from mutations import get_operator
 from mutations._base import parse
 from mutations.tuning.discovery import discover
 from seeds import load_seed
+from seeds.reference import Task
 
 ROOT = Path(__file__).resolve().parents[2]
 OP = get_operator("fuse_epilogue")
@@ -28,8 +29,13 @@ def seed():
 
 
 @pytest.fixture(scope="module")
-def small(seed):
-    return seed.task(seed.task_class.test_tasks["small"][0])
+def small(tmp_path_factory):
+    """The example's task at 256 x 256 x 256 (its file is the 4096 cube)."""
+    text = (ROOT / "examples" / "reference_matmul" / "reference.py").read_text()
+    assert "M, K, N = 4096, 4096, 4096" in text
+    path = tmp_path_factory.mktemp("ref") / "reference.py"
+    path.write_text(text.replace("M, K, N = 4096, 4096, 4096", "M, K, N = 256, 256, 256"))
+    return Task.read(path, entry="matmul_bias_gelu")
 
 
 @pytest.fixture(scope="module")
