@@ -85,16 +85,22 @@ def kernel_modules() -> list[KernelModule]:
 def import_source(source: str, module: KernelModule) -> None:
     """Execute ``source`` as a real module standing in for ``module``: registered in sys.modules
     under a scratch name (dataclasses look their module up there), with the module's package as
-    ``__package__`` (relative imports). Raises whatever the source raises; removes it afterwards."""
+    ``__package__`` (relative imports). Raises whatever the source raises; removes it afterwards, and
+    the PRNGs it registered (so the next scratch import of the same module may register them again)."""
+    from jax._src.random import prng
+
     scratch = f"_pallas_evolve_corpus_{module.short.replace('.', '_')}"
     mod = type(sys)(scratch)
     mod.__file__ = module.path
     mod.__package__ = module.package
     sys.modules[scratch] = mod
+    registered = dict(prng.prngs)       # random.philox registers its PRNG at import: once per process
     try:
         exec(compile(source, module.path, "exec"), mod.__dict__)  # noqa: S102 - the installed JAX's own code
     finally:
         sys.modules.pop(scratch, None)
+        prng.prngs.clear()
+        prng.prngs.update(registered)
 
 
 def run_cell(op, module: KernelModule, task) -> Cell:

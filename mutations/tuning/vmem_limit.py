@@ -27,11 +27,16 @@ class VmemLimit(Operator):
     description = ("Set the kernel's scoped VMEM limit (VMEM_LIMIT_BYTES passed as "
                    "pltpu.CompilerParams(vmem_limit_bytes=...)) to another value in 16..96 MiB.")
 
-    def _params_call(self, module) -> cst.Call:
-        calls = [c for name in PARAMS_CLASSES for c in C.iter_calls(C.pallas_call(module), name)]
-        if len(calls) != 1:
-            raise NotApplicable("pallas_call has no pltpu.CompilerParams(...) to set the limit on")
-        return calls[0]
+    def _params_call(self, module) -> cst.Call | None:
+        """The site's CompilerParams(...) call; None when pallas_call takes no compiler_params at
+        all (the rewrite then adds one)."""
+        call = C.pallas_call(module)
+        calls = [c for name in PARAMS_CLASSES for c in C.iter_calls(call, name)]
+        if len(calls) == 1:
+            return calls[0]
+        if not calls and C.call_kwarg(call, "compiler_params") is None:
+            return None
+        raise NotApplicable("pallas_call's compiler_params is not one pltpu.CompilerParams(...) to set the limit on")
 
     def _keyword(self, module, existing) -> cst.Param | None:
         """The wrapper's keyword parameter the call passes on (``vmem_limit_bytes=vmem_limit_bytes``,
@@ -53,9 +58,10 @@ class VmemLimit(Operator):
         value = module_ints(module).get("VMEM_LIMIT_BYTES")
         if value is None:
             try:
-                existing = C.call_kwarg(self._params_call(module), "vmem_limit_bytes")
+                params = self._params_call(module)
             except NotApplicable:
-                existing = None
+                params = None
+            existing = None if params is None else C.call_kwarg(params, "vmem_limit_bytes")
             keyword = self._keyword(module, existing)
             if keyword is not None:
                 existing = keyword.default
@@ -63,7 +69,10 @@ class VmemLimit(Operator):
         return None if value is None else value / MIB
 
     def _check(self, module, task) -> Applicability:
-        existing = C.call_kwarg(self._params_call(module), "vmem_limit_bytes")
+        params = self._params_call(module)
+        if params is None:
+            return APPLICABLE
+        existing = C.call_kwarg(params, "vmem_limit_bytes")
         if (existing is not None and C.norm(existing) != "VMEM_LIMIT_BYTES" and _int_value(existing) is None
                 and self._keyword(module, existing) is None):
             return Applicability(False, "vmem_limit_bytes is set to an expression other than "
@@ -94,7 +103,10 @@ class VmemLimit(Operator):
         mib = params.get("mib")
         if mib not in LIMITS_MIB:
             raise NotApplicable(f"mib={mib!r} is not one of {LIMITS_MIB}")
+        if self._params_call(module) is None:
+            module = _with_compiler_params(module)
         call = self._params_call(module)
+        assert call is not None
         existing = C.call_kwarg(call, "vmem_limit_bytes")
         if "VMEM_LIMIT_BYTES" in module_ints(module) or (
                 existing is None and any(_is_tunable(n) for n in module_ints(module))):
@@ -102,6 +114,7 @@ class VmemLimit(Operator):
             module = set_tunable(module, "VMEM_LIMIT_BYTES", f"{mib} * 1024 * 1024",
                                  comment="scoped VMEM limit (v5e default 16 MiB, physical 128 MiB)")
             call = self._params_call(module)
+            assert call is not None
             new_call = C.add_call_kwarg(call, "vmem_limit_bytes", "VMEM_LIMIT_BYTES")
             return module.deep_replace(call, new_call)  # type: ignore[return-value]
         # No tunables at module level (a production module): the limit goes into the site's call,
@@ -119,3 +132,17 @@ class VmemLimit(Operator):
 
 # The class of the compiler parameters, by the names JAX has given it.
 PARAMS_CLASSES = ("pltpu.CompilerParams", "pltpu.TPUCompilerParams")
+PLTPU = "from jax.experimental.pallas import tpu as pltpu"
+
+
+def _with_compiler_params(module: cst.Module) -> cst.Module:
+    """``module`` whose pallas_call takes ``compiler_params=pltpu.CompilerParams()`` (the compiler's
+    defaults, which the limit then joins), with ``pltpu`` imported if it was not."""
+    call = C.pallas_call(module)
+    module = module.deep_replace(call, C.add_call_kwarg(call, "compiler_params", "pltpu.CompilerParams()"))
+    imported = any(isinstance(s, cst.SimpleStatementLine) and C.code(s).strip() == PLTPU for s in module.body)
+    if imported:
+        return module
+    at = max((i + 1 for i, s in enumerate(module.body) if isinstance(s, cst.SimpleStatementLine)
+              and isinstance(s.body[0], (cst.Import, cst.ImportFrom))), default=0)
+    return module.with_changes(body=[*module.body[:at], *C.stmts(PLTPU + "\n"), *module.body[at:]])

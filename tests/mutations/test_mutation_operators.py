@@ -123,11 +123,15 @@ def test_vmem_limit_reads_back_and_a_second_application_only_moves_the_constant(
     assert get_operator("vmem_limit").apply_params(MINI, CAUSAL, {"mib": 1000}).status == "not_applicable"
 
 
-def test_vmem_limit_not_applicable_without_compiler_params():
+def test_vmem_limit_gives_a_kernel_without_compiler_params_one():
     source = MINI.replace('compiler_params=pltpu.CompilerParams(\n            dimension_semantics=('
                           '"parallel", "parallel", "parallel", "arbitrary")),\n', "")
-    assert source != MINI
-    assert "CompilerParams" in not_applicable("vmem_limit", source)
+    assert source != MINI and "compiler_params" not in source
+    out = apply("vmem_limit", source, mib=32)
+    assert "compiler_params=pltpu.CompilerParams(vmem_limit_bytes=VMEM_LIMIT_BYTES)" in out
+    assert "VMEM_LIMIT_BYTES = 32 * 1024 * 1024" in out
+    assert "not one pltpu.CompilerParams" in not_applicable(
+        "vmem_limit", source.replace("out_shape=", "compiler_params=dict(mosaic={}),\n        out_shape="))
 
 
 # ---- compact scratch ------------------------------------------------------------------------
