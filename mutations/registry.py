@@ -31,6 +31,7 @@ OPERATORS = Registry("operators", {
     "chip_split": "mutations.decode.chip_split:ChipSplit",
     "copies_in_need": "mutations.decode.copies_in_need:CopiesInNeed",
     "fuse_epilogue": "mutations.pipeline.fuse_epilogue:FuseEpilogue",
+    "grid_order": "mutations.pipeline.grid_order:GridOrder",
 }, member="operator")
 _INSTANCES: dict[str, Operator] = {}
 _LOCK = threading.Lock()

@@ -1,2 +1,2 @@
-"""Operators for the structure of any Pallas kernel's pipeline, whatever it computes: what work its
-stores absorb (a fused epilogue)."""
+"""Operators for the structure of any Pallas kernel's pipeline, whatever it computes: the order its
+grid walks (grid_order) and what work its stores absorb (fuse_epilogue)."""

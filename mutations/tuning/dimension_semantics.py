@@ -106,8 +106,9 @@ def _branches_on_axis(kernel: cst.FunctionDef, axis: int) -> bool:
     return any(mentions(n) for n in C.find_all(kernel, lambda n: isinstance(n, (cst.Comparison, cst.If))))
 
 
-def why_not_parallel(module: cst.Module, axis: int) -> str | None:
-    """Why grid axis ``axis`` may not be made parallel, or None when its steps are independent."""
+def why_not_parallel(module: cst.Module, axis: int, names: list[str] | None = None) -> str | None:
+    """Why grid axis ``axis`` may not be made parallel, or None when its steps are independent
+    (``names``: the axes' semantics, if not read from the kernel's CompilerParams)."""
     kernel = C.kernel(module)
     read: set[int] = set()
     for call in C.iter_calls(kernel, "pl.program_id"):
@@ -118,7 +119,8 @@ def why_not_parallel(module: cst.Module, axis: int) -> str | None:
     if axis in read and _branches_on_axis(kernel, axis):
         return (f"the kernel branches on pl.program_id({axis}) (e.g. initialises or finalises state at one "
                 "step): it carries state across the axis")
-    _, names = _semantics(module)
+    if names is None:
+        _, names = _semantics(module)
     # Scratch carries state from step to step; it is scoped (initialised and finalised) by an inner
     # sequential axis whose program id the kernel reads, e.g. flash attention's kv axis.
     if _keyword(C.wrapper(module), "scratch_shapes") is not None and not any(
