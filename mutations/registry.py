@@ -32,6 +32,7 @@ OPERATORS = Registry("operators", {
     "copies_in_need": "mutations.decode.copies_in_need:CopiesInNeed",
     "fuse_epilogue": "mutations.pipeline.fuse_epilogue:FuseEpilogue",
     "grid_order": "mutations.pipeline.grid_order:GridOrder",
+    "accumulator": "mutations.pipeline.accumulator:Accumulator",
 }, member="operator")
 _INSTANCES: dict[str, Operator] = {}
 _LOCK = threading.Lock()
