@@ -263,5 +263,22 @@ class Operator(abc.ABC):
         return f"<Operator {self.name}: {self.description}>"
 
 
+class Rewrite(Operator):
+    """An operator without parameters: one rewrite, which applies or does not. Subclasses
+    implement ``_check`` and ``_apply``."""
+
+    def _sample(self, module: cst.Module, task: Any, rng: random.Random) -> dict[str, Any]:
+        return {}
+
+    def _rewrite(self, module: cst.Module, task: Any, params: dict[str, Any]) -> cst.Module:
+        if params:
+            raise NotApplicable(f"{self.name} takes no parameters, got {sorted(params)}")
+        return self._apply(module, task)
+
+    @abc.abstractmethod
+    def _apply(self, module: cst.Module, task: Any) -> cst.Module:
+        """The rewrite (raise NotApplicable where it cannot be made)."""
+
+
 def _one_line(text: str) -> str:
     return " ".join(text.split())[:300]

@@ -22,13 +22,12 @@ f32 already (accumulating in it then loses nothing, and the scratch would only c
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import libcst as cst
 
 from .. import _cst as C
-from .._base import APPLICABLE, Applicability, NotApplicable, Operator
+from .._base import APPLICABLE, Applicability, NotApplicable, Rewrite
 from .._walk import walk
 from ..tuning.dimension_semantics import _keyword, _out_index_maps
 from .grid_order import _grid
@@ -125,7 +124,7 @@ def _adds_into(node: cst.CSTNode, ref: str) -> bool:
     return False
 
 
-class Accumulator(Operator):
+class Accumulator(Rewrite):
     name = "accumulator"
     exact = False          # partial sums in f32 instead of the output's dtype
     description = ("Move a reduction the kernel adds into its output block (zeroed at the first step of the "
@@ -135,12 +134,7 @@ class Accumulator(Operator):
         _Plan(module, task)
         return APPLICABLE
 
-    def _sample(self, module, task, rng: random.Random) -> dict[str, Any]:
-        return {}
-
-    def _rewrite(self, module, task, params) -> cst.Module:
-        if params:
-            raise NotApplicable(f"accumulator takes no parameters, got {sorted(params)}")
+    def _apply(self, module, task) -> cst.Module:
         p = _Plan(module, task)
         o, acc, r = p.o_ref, p.acc, p.axis
 

@@ -29,13 +29,12 @@ The judge's reference is the whole workload, so what the kernel absorbs is check
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import libcst as cst
 
 from .. import _cst as C
-from .._base import APPLICABLE, Applicability, NotApplicable, Operator
+from .._base import APPLICABLE, Applicability, NotApplicable, Rewrite
 from .._walk import walk
 
 OUT = "_o"                       # the epilogue's name for the kernel's output block
@@ -316,7 +315,7 @@ def _rename(node: cst.CSTNode, names: dict[str, str]) -> Any:
     return C.transform(node, fn)
 
 
-class FuseEpilogue(Operator):
+class FuseEpilogue(Rewrite):
     name = "fuse_epilogue"
     exact = False        # the output is rounded once, after the epilogue, not also before it
     description = ("Move elementwise work the entry does on the kernel's output (a bias, an activation, a scale, "
@@ -329,12 +328,7 @@ class FuseEpilogue(Operator):
         _Plan(module, task)
         return APPLICABLE
 
-    def _sample(self, module, task, rng: random.Random) -> dict[str, Any]:
-        return {}
-
-    def _rewrite(self, module, task, params) -> cst.Module:
-        if params:
-            raise NotApplicable(f"fuse_epilogue takes no parameters, got {sorted(params)}")
+    def _apply(self, module, task) -> cst.Module:
         return _fuse(_Plan(module, task))
 
 
