@@ -301,6 +301,19 @@ def add_call_kwarg(call: cst.Call, name: str, value: str) -> cst.Call:
     return call.with_changes(args=args + [new_arg])
 
 
+PLTPU = "from jax.experimental.pallas import tpu as pltpu"
+
+
+def with_import(module: cst.Module, line: str = PLTPU) -> cst.Module:
+    """``module`` with the import statement ``line`` after its last top-level import, unless a
+    top-level statement is that line already."""
+    if any(isinstance(s, cst.SimpleStatementLine) and code(s).strip() == line for s in module.body):
+        return module
+    at = max((i + 1 for i, s in enumerate(module.body) if isinstance(s, cst.SimpleStatementLine)
+              and isinstance(s.body[0], (cst.Import, cst.ImportFrom))), default=0)
+    return module.with_changes(body=[*module.body[:at], *stmts(line + "\n"), *module.body[at:]])
+
+
 def iter_calls(node: cst.CSTNode, func: str) -> Iterator[cst.Call]:
     yield from find_all(node, lambda n: is_call(n, func))  # type: ignore[misc]
 

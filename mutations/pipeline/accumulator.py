@@ -33,7 +33,6 @@ from ..tuning.dimension_semantics import _keyword, _out_index_maps
 from .grid_order import _grid
 
 STORE = "_store_accumulator"
-PLTPU = "from jax.experimental.pallas import tpu as pltpu"
 
 
 def _out_ref(module: cst.Module, kernel: cst.FunctionDef) -> str:
@@ -179,8 +178,4 @@ class Accumulator(Rewrite):
             els.append(cst.Element(C.expr(vmem)))
             new_call = call.deep_replace(scratch, scratch.with_changes(elements=els))
         module = module.deep_replace(call, new_call)  # type: ignore[assignment]
-        if not any(isinstance(s, cst.SimpleStatementLine) and C.code(s).strip() == PLTPU for s in module.body):
-            at = max((i + 1 for i, s in enumerate(module.body) if isinstance(s, cst.SimpleStatementLine)
-                      and isinstance(s.body[0], (cst.Import, cst.ImportFrom))), default=0)
-            module = module.with_changes(body=[*module.body[:at], *C.stmts(PLTPU + "\n"), *module.body[at:]])
-        return module
+        return C.with_import(module, C.PLTPU)

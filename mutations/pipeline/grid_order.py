@@ -28,7 +28,7 @@ import libcst as cst
 
 from .. import _cst as C
 from .._base import APPLICABLE, Applicability, NotApplicable, Operator
-from ..tuning.dimension_semantics import SEMANTICS, _out_index_maps, why_not_parallel
+from ..tuning.dimension_semantics import SEMANTICS, _out_index_maps, _semantics, why_not_parallel
 
 ID_CALLS = ("pl.program_id", "pl.num_programs")
 
@@ -52,8 +52,6 @@ def _grid(wrapper: cst.FunctionDef) -> cst.Tuple:
 
 def _names(module: cst.Module, n: int) -> list[str]:
     """The axes' semantics: from the kernel's CompilerParams, else all arbitrary (the default)."""
-    from ..tuning.dimension_semantics import _semantics
-
     try:
         _, names = _semantics(module)
     except NotApplicable:
@@ -191,8 +189,6 @@ class GridOrder(Operator):
             replace[fn] = fn.with_changes(params=fn.params.with_changes(params=ps))
         value = None
         try:
-            from ..tuning.dimension_semantics import _semantics
-
             value, names = _semantics(module)
         except NotApplicable:
             pass

@@ -132,7 +132,6 @@ class VmemLimit(Operator):
 
 # The class of the compiler parameters, by the names JAX has given it.
 PARAMS_CLASSES = ("pltpu.CompilerParams", "pltpu.TPUCompilerParams")
-PLTPU = "from jax.experimental.pallas import tpu as pltpu"
 
 
 def _with_compiler_params(module: cst.Module) -> cst.Module:
@@ -140,9 +139,4 @@ def _with_compiler_params(module: cst.Module) -> cst.Module:
     defaults, which the limit then joins), with ``pltpu`` imported if it was not."""
     call = C.pallas_call(module)
     module = module.deep_replace(call, C.add_call_kwarg(call, "compiler_params", "pltpu.CompilerParams()"))
-    imported = any(isinstance(s, cst.SimpleStatementLine) and C.code(s).strip() == PLTPU for s in module.body)
-    if imported:
-        return module
-    at = max((i + 1 for i, s in enumerate(module.body) if isinstance(s, cst.SimpleStatementLine)
-              and isinstance(s.body[0], (cst.Import, cst.ImportFrom))), default=0)
-    return module.with_changes(body=[*module.body[:at], *C.stmts(PLTPU + "\n"), *module.body[at:]])
+    return C.with_import(module, C.PLTPU)
