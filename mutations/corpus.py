@@ -19,13 +19,13 @@ from pathlib import Path
 
 PACKAGE = "jax.experimental.pallas.ops.tpu"
 # The kernels issue 26 names, each with the seed whose task fits it best (JAX's matmul: our matmul seed,
-# whose reference file is its task).
+# megablox: our grouped matmul; each a reference file).
 NAMED = {
     "flash_attention": "flash_attention",
     "splash_attention.splash_attention_kernel": "flash_attention",
     "paged_attention.paged_attention_kernel": "flash_decoding",
     "ragged_paged_attention.kernel": "ragged_paged_attention",
-    "megablox.gmm": "flash_attention",
+    "megablox.gmm": "grouped_matmul",
     "matmul": "matmul",
 }
 OTHER_SEED = "flash_attention"     # for any other kernel module the package holds

@@ -10,7 +10,9 @@
         return jnp.dot(x, w, preferred_element_type=jnp.float32).astype(x.dtype)
 
     TOLERANCE = (2e-2, 2e-2)        # optional: (atol, rtol); by default by the output's dtype
-    STATIC = ("group_sizes",)       # optional: integer inputs kept as the example has them
+    STATIC = ("lengths",)           # optional: integer inputs kept as the example has them
+    RAGGED = {"group_sizes": ("lhs", 0)}   # optional: sizes drawn to add up to lhs's dimension 0
+    def flops(*inputs): ...         # optional: the work, where XLA's count is wrong (ragged_dot: all groups)
     SMALL = "M=128,K=256,N=256"     # optional: the shape tests run it at
 
 ``create_inputs`` may take integer keywords (``def create_inputs(M=4096, K=4096, N=4096)``): they
@@ -24,11 +26,13 @@ that takes a task, beside the kernel: ``evolve eval K.py --reference R.py``):
 * secret draws of the example's shapes and dtypes: floats from each input's own mean and spread,
   as ``normal``, with ``outliers`` (a few entries twenty spreads out) and ``scaled`` (the whole
   draw times a factor drawn in [0.1, 10]); integers redrawn uniformly in the example's range,
-  booleans at its rate, unless ``STATIC`` names them (indices, lengths);
+  booleans at its rate, unless ``STATIC`` names them (indices, lengths); ``RAGGED`` sizes as a
+  random split of their dimension (Dirichlet proportions of a drawn concentration: skewed, some
+  groups empty);
 * the truth: the workload run on the draw with its floats in f32, on the CPU;
 * the XLA program speedups are quoted against: the workload itself (and the precision rule: no
   kernel may be less precise than it);
-* FLOPs from XLA's own cost analysis of the workload; unavoidable bytes: its inputs and output
+* FLOPs from XLA's own cost analysis of the workload (or the file's ``flops``); unavoidable bytes: its inputs and output
   once each (XLA's byte count is of the unfused program, an overcount for a roofline);
 * the kernel's entry (``kernel_entry``): the one public function of the kernel file that calls
   ``pallas_call`` and takes the workload's inputs, else the one ``--entry`` names.
@@ -89,11 +93,12 @@ def profile_of(source: str, path: str, shape: str = "") -> str:
     return json.dumps(found, sort_keys=True)
 
 
-def kernel_entry(kernel_source: str, arity: int, given: str | None = None) -> str:
+def kernel_entry(kernel_source: str, arity: int, given: str | None = None, prefer: str | None = None) -> str:
     """The kernel file's entry for a workload of ``arity`` inputs: ``given`` if the file defines
     it, else its one public top-level function that reaches ``pallas_call`` (itself or through the
-    file's other functions) and takes ``arity`` positional inputs (ReferenceError when there is
-    none or more than one: name it with --entry)."""
+    file's other functions) and takes ``arity`` positional inputs, or of several the one named
+    ``prefer`` (the seed's own entry: megablox's ``gmm`` beside ``tgmm``); ReferenceError when
+    there is none or several: name it with --entry."""
     try:
         tree = ast.parse(kernel_source)
     except SyntaxError as exc:
@@ -123,6 +128,8 @@ def kernel_entry(kernel_source: str, arity: int, given: str | None = None) -> st
         reaches |= more
     found = [name for name, fn in functions.items() if not name.startswith("_") and name in reaches
              and required(fn) <= arity <= len(fn.args.posonlyargs + fn.args.args)]
+    if len(found) > 1 and prefer in found:
+        return prefer
     if len(found) != 1:
         why = "no public function" if not found else f"{len(found)} functions ({', '.join(found)})"
         raise ReferenceError(f"the kernel has {why} that calls pallas_call and takes the workload's {arity} "
@@ -161,7 +168,7 @@ class Task(SeedTask):
 
     @classmethod
     def read(cls, path: str | Path, kernel_source: str | None = None, entry: str | None = None,
-             shape: str | None = None) -> Task:
+             shape: str | None = None, own_kernel: str | None = None) -> Task:
         """The task of the reference file at ``path`` at ``shape``, its entry found in
         ``kernel_source`` (or ``entry``); ReferenceError saying what is wrong."""
         path = Path(path).expanduser()
@@ -176,7 +183,13 @@ class Task(SeedTask):
             raise ReferenceError(f"reference file {path} is not Python (line {getattr(exc, 'lineno', '?')})") from None
         profile = profile_of(source, str(path), shape or "")
         arity = len(json.loads(profile)["inputs"])
-        name = kernel_entry(kernel_source, arity, entry) if kernel_source is not None else (entry or "workload")
+        prefer = None
+        if own_kernel is not None:       # a seed's own kernel names the entry a start with several uses
+            try:
+                prefer = kernel_entry(own_kernel, arity)
+            except ReferenceError:
+                pass
+        name = kernel_entry(kernel_source, arity, entry, prefer) if kernel_source is not None else (entry or "workload")
         names = entry_names(kernel_source, name, arity) if kernel_source is not None else ()
         return cls(source=source, path=str(path.resolve()), entry=name, profile=profile,
                    shape=json.loads(profile)["shape"], names=",".join(names))
@@ -277,14 +290,36 @@ def _draw(spec: dict[str, Any], rng: np.random.Generator, distribution: str, fac
         return np.asarray(spec["value"], dtype=dtype).reshape(shape)
     if spec["kind"] == "bool":
         return rng.random(shape) < spec["mean"]
+    if spec.get("ragged"):
+        proportions = rng.dirichlet(np.full(shape, 10.0 ** rng.uniform(-0.7, 0.7)))
+        return rng.multinomial(spec["ragged"][0], proportions).astype(dtype)
     if spec["kind"] == "int":
         return rng.integers(int(spec["min"]), int(spec["max"]) + 1, size=shape).astype(dtype)
     spread = spec["std"] or max(abs(spec["mean"]), 1.0)
+    if int(np.prod(shape, dtype=np.int64)) > _LARGE:
+        return _draw_large(spec["mean"], spread, shape, dtype, rng, distribution, factor)
     values = spec["mean"] + spread * rng.standard_normal(shape)
     if distribution == "outliers" and values.size:
         hit = rng.random(shape) < 1e-3
         values = np.where(hit, spec["mean"] + 20.0 * spread * rng.choice([-1.0, 1.0], size=shape), values)
     return (values * factor).astype(dtype)
+
+
+_LARGE = 1 << 26      # entries past which an input is drawn in f32, in place (a gigabyte of expert weights)
+
+
+def _draw_large(mean: float, spread: float, shape: tuple[int, ...], dtype, rng: np.random.Generator,
+                distribution: str, factor: float) -> np.ndarray:
+    """``_draw``'s floats for an input too large to draw in f64: the same distributions, in f32
+    and in place (a few bytes per entry rather than tens)."""
+    values = rng.standard_normal(shape, dtype=np.float32)
+    values *= np.float32(spread * factor)
+    values += np.float32(mean * factor)
+    if distribution == "outliers":
+        flat = values.reshape(-1)
+        hit = rng.integers(0, flat.size, size=max(1, flat.size // 1000))
+        flat[hit] = np.float32(factor) * (mean + 20.0 * spread * rng.choice([-1.0, 1.0], size=hit.size))
+    return values.astype(dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,7 +343,9 @@ class ReferenceSeed(Seed):
         return doc.strip().splitlines()[0] if doc.strip() else f"the workload of {self.reference}"
 
     def read_task(self, kernel_source: str | None, entry: str | None = None, shape: str | None = None) -> Task:
-        return Task.read(self.reference, kernel_source, entry, shape)
+        own = self.directory / "kernel.py"       # a seed directory's kernel: its entry's name is preferred
+        own_source = own.read_text() if self.reference.name == "reference.py" and own.is_file() else None
+        return Task.read(self.reference, kernel_source, entry, shape, own_source)
 
     def default_task(self) -> Task:
         return self.read_task(self.kernel_source)

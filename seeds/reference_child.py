@@ -111,6 +111,7 @@ def _read_file(source: str, shown: str, shape: str = "") -> dict[str, Any]:
     for s in static:
         if s not in names:
             raise _Bad(f"STATIC names {s!r}, not an input of workload ({', '.join(names)})")
+    ragged = _ragged(ns.get("RAGGED"), names, arrays)
     specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays]
     try:
         lowered = jax.jit(ns["workload"]).lower(*specs)
@@ -122,6 +123,11 @@ def _read_file(source: str, shown: str, shape: str = "") -> dict[str, Any]:
     cost = lowered.cost_analysis() or {}
     if isinstance(cost, list):
         cost = cost[0] if cost else {}
+    if callable(ns.get("flops")):
+        try:
+            cost = {"flops": float(ns["flops"](*arrays))}
+        except Exception as exc:  # noqa: BLE001
+            raise _Bad(f"flops(*create_inputs()) raises {_one_line(exc)}") from None
     tolerance = ns.get("TOLERANCE")
     if tolerance is not None and not (isinstance(tolerance, (tuple, list)) and len(tolerance) == 2):
         raise _Bad(f"TOLERANCE is {tolerance!r}; give (atol, rtol)")
@@ -132,15 +138,48 @@ def _read_file(source: str, shown: str, shape: str = "") -> dict[str, Any]:
             raise _Bad(f"STATIC names {name!r}, a float input; only integer inputs are static")
         if name in static and a.size > (1 << 16):
             raise _Bad(f"STATIC input {name!r} has {a.size} elements; a static input is small (at most 65536)")
-        values = a.astype(np.float64) if a.size else np.zeros(1)
+        values = _sample(a).astype(np.float64) if kind == "float" else a.astype(np.float64) if a.size else np.zeros(1)
         inputs.append({"name": name, "shape": list(a.shape), "dtype": str(a.dtype), "kind": kind,
                        "static": name in static, "value": a.tolist() if name in static else None,
+                       "ragged": ragged.get(name),
                        "mean": float(values.mean()), "std": float(values.std()),
                        "min": float(values.min()), "max": float(values.max())})
     return {"inputs": inputs, "output": {"shape": list(out.shape), "dtype": str(out.dtype)}, "grammar": grammar,
             "shape": _resolved(ns["create_inputs"], keywords),
             "flops": float(cost.get("flops", 0.0) or 0.0),
             "tolerance": [float(t) for t in tolerance] if tolerance is not None else None}
+
+
+def _sample(a: np.ndarray, most: int = 1 << 20) -> np.ndarray:
+    """A float input's entries for its mean and spread: all of them, or an even stride of about
+    ``most`` (a gigabyte of expert weights need not be read whole for two moments)."""
+    flat = a.reshape(-1)
+    return flat[:: max(1, flat.size // most)] if flat.size else np.zeros(1, a.dtype)
+
+
+def _ragged(declared: Any, names: list[str], arrays: list[np.ndarray]) -> dict[str, list[int]]:
+    """``RAGGED = {"group_sizes": ("lhs", 0)}``: integer inputs whose entries are sizes adding up to
+    that dimension of that input (drawn so: a group may be empty); {name: [its total]}."""
+    if declared is None:
+        return {}
+    if not isinstance(declared, dict):
+        raise _Bad(f"RAGGED is {declared!r}; give {{'sizes': ('input', dim)}}")
+    found = {}
+    for name, target in declared.items():
+        if name not in names:
+            raise _Bad(f"RAGGED names {name!r}, not an input of workload ({', '.join(names)})")
+        sizes = arrays[names.index(name)]
+        if not (isinstance(target, (tuple, list)) and len(target) == 2 and target[0] in names
+                and isinstance(target[1], int) and -arrays[names.index(target[0])].ndim <= target[1]
+                < arrays[names.index(target[0])].ndim):
+            raise _Bad(f"RAGGED[{name!r}] is {target!r}; give (input, dim), e.g. ('lhs', 0)")
+        total = arrays[names.index(target[0])].shape[target[1]]
+        if sizes.ndim != 1 or not np.issubdtype(sizes.dtype, np.integer) or int(sizes.sum()) != total \
+                or int(sizes.min(initial=0)) < 0:
+            raise _Bad(f"RAGGED input {name!r} must be 1-D non-negative integers adding up to {target[0]}'s "
+                       f"dimension {target[1]} ({total}); create_inputs gives {sizes.tolist()[:8]}")
+        found[name] = [int(total)]
+    return found
 
 
 def _truth(source_path: str, root: str, shown: str) -> None:

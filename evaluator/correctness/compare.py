@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 
 QUANTILE = 0.99   # the error the baseline comparison holds a kernel to, besides the mean
+NOISE_ULPS = 8    # an error below 8 f32 ulps of the largest output is summation order, never "less precise"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,10 +64,14 @@ def compare(out: np.ndarray, ref: np.ndarray, *, expected_dtype: str, atol: floa
     # swings with the draw (scripts/precision_spread.py: an approximate reciprocal's max-error ratio
     # ranged 0.68-3.28 over 30 secret sets, its 99th percentile 1.04-1.28); every element is still
     # held to atol/rtol.
+    # Below NOISE_ULPS of f32 at the output's largest value, an error is the order of an f32 sum,
+    # not precision lost: an f32-output grouped matmul summing K in blocks of 1024 was 1.6x the
+    # XLA program's p99 at 9.5e-07 on outputs up to about 5, both exact in any sense bf16 knows.
+    noise = NOISE_ULPS * float(np.finfo(np.float32).eps) * float(np.abs(ref).max(initial=0.0))
     for name, ours, theirs in (("99th-percentile", float(np.quantile(diff, QUANTILE)),
                                 float(np.quantile(base_diff, QUANTILE))),
                                ("mean", float(diff.mean()), float(base_diff.mean()))):
-        if ours > baseline_factor * theirs:
+        if ours > baseline_factor * theirs and ours > noise:
             return Comparison(False, (f"{name} abs error {ours:.4g} is more than {baseline_factor:g}x "
                                       f"that of the task's own XLA program ({theirs:.4g}){where}: the "
                                       "kernel is less precise than the reference program it competes with"),

@@ -97,6 +97,60 @@ def test_the_truth_is_the_workload_in_f32_on_the_cpu(task):
     np.testing.assert_allclose(truth, expected, rtol=1e-4, atol=1e-3)
 
 
+RAGGED_FILE = """
+import jax, jax.numpy as jnp
+import numpy as np
+
+RAGGED = {"sizes": ("x", 0)}
+
+def create_inputs():
+    return (np.ones((64, 128), np.float32).astype(jnp.bfloat16), np.ones((4, 128, 128), np.float32).astype(jnp.bfloat16),
+            np.array([10, 0, 50, 4], np.int32))
+
+def workload(x, w, sizes):
+    return jax.lax.ragged_dot(x, w, sizes, preferred_element_type=jnp.float32)
+
+def flops(x, w, sizes):
+    return 2 * x.shape[0] * x.shape[1] * w.shape[2]
+"""
+
+
+def test_ragged_sizes_are_drawn_to_add_up_and_flops_may_be_given(tmp_path):
+    """RAGGED sizes are secret draws that still split the dimension (some draws leave a group
+    empty); a file's flops() replaces XLA's count, which charges ragged_dot every group."""
+    task = Task.read(write(tmp_path, "moe.py", RAGGED_FILE), None)
+    draws = [task.make_inputs(seed, "normal")[2] for seed in range(40)]
+    assert all(d.sum() == 64 and d.min() >= 0 and d.shape == (4,) for d in draws)
+    assert len({tuple(d) for d in draws}) > 30 and any((d == 0).any() for d in draws)
+    assert task.flops == 2 * 64 * 128 * 128
+
+
+@pytest.mark.parametrize("ragged, message", [
+    ('{"nope": ("x", 0)}', "RAGGED names 'nope'"),
+    ('{"sizes": ("x", 5)}', "give \\(input, dim\\)"),
+    ('{"sizes": ("w", 1)}', "adding up to w's dimension 1 \\(128\\)"),
+])
+def test_a_bad_ragged_declaration_is_one_line(tmp_path, ragged, message):
+    text = RAGGED_FILE.replace('RAGGED = {"sizes": ("x", 0)}', f"RAGGED = {ragged}")
+    with pytest.raises(ReferenceError, match=message) as info:
+        Task.read(write(tmp_path, "moe.py", text), None)
+    assert "\n" not in str(info.value)
+
+
+def test_a_large_input_is_drawn_in_f32_with_the_same_distributions(monkeypatch):
+    """Past _LARGE entries a float input is drawn in f32 in place (a gigabyte of weights must not
+    take ten in f64): the same mean, spread, outliers and scale as a small one."""
+    from seeds import reference
+
+    monkeypatch.setattr(reference, "_LARGE", 1000)
+    spec = {"shape": [200, 100], "dtype": "bfloat16", "kind": "float", "static": False, "mean": 1.0, "std": 2.0}
+    rng = np.random.default_rng(0)
+    normal = np.asarray(reference._draw(spec, rng, "normal", 1.0), np.float32)
+    assert normal.dtype == np.float32 and abs(normal.mean() - 1.0) < 0.1 and abs(normal.std() - 2.0) < 0.1
+    outliers = np.asarray(reference._draw(spec, rng, "outliers", 3.0), np.float32)
+    assert np.abs(outliers).max() > 50 and abs(np.median(outliers) - 3.0) < 0.3
+
+
 def test_the_entry_is_found_or_named():
     assert kernel_entry(KERNEL, 4) == "matmul"
     assert kernel_entry(KERNEL, 4, "helper") == "helper"

@@ -1,0 +1,1 @@
+"""The grouped matmul seed (reference.py, kernel.py)."""
