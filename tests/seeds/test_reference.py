@@ -104,8 +104,9 @@ import numpy as np
 RAGGED = {"sizes": ("x", 0)}
 
 def create_inputs():
-    return (np.ones((64, 128), np.float32).astype(jnp.bfloat16), np.ones((4, 128, 128), np.float32).astype(jnp.bfloat16),
-            np.array([10, 0, 50, 4], np.int32))
+    x = np.ones((64, 128), np.float32).astype(jnp.bfloat16)
+    w = np.ones((4, 128, 128), np.float32).astype(jnp.bfloat16)
+    return x, w, np.array([10, 0, 50, 4], np.int32)
 
 def workload(x, w, sizes):
     return jax.lax.ragged_dot(x, w, sizes, preferred_element_type=jnp.float32)
