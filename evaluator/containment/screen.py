@@ -30,6 +30,7 @@ ALLOWED_IMPORTS = (
     "numpy",
     "dataclasses",
     "typing",
+    "collections.abc",           # abstract types for annotations (megablox.gmm's Callable); no I/O
     "__future__",
 )
 # Private modules a kernel may still import: dtype queries that JAX's own production kernels use
