@@ -67,6 +67,8 @@ SUITES: dict[str, tuple[SuiteTask, ...]] = {
         SuiteTask("decode, default task", seed="flash_decoding"),
         SuiteTask("rmsnorm, default task", seed="rmsnorm"),
         SuiteTask("matmul, 1024 cube", seed="matmul", shape="M=1024,K=1024,N=1024"),
+        SuiteTask("grouped matmul, 8 experts of 1024 x 2048", seed="grouped_matmul",
+                  shape="M=512,K=1024,N=2048,E=8"),
     ),
 }
 
