@@ -33,6 +33,7 @@ OPERATORS = Registry("operators", {
     "fuse_epilogue": "mutations.pipeline.fuse_epilogue:FuseEpilogue",
     "grid_order": "mutations.pipeline.grid_order:GridOrder",
     "accumulator": "mutations.pipeline.accumulator:Accumulator",
+    "mxu_operands": "mutations.pipeline.mxu_operands:MxuOperands",
 }, member="operator")
 _INSTANCES: dict[str, Operator] = {}
 _LOCK = threading.Lock()
