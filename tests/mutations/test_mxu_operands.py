@@ -1,9 +1,10 @@
 """mxu_operands: a transposed operand folds into dot_general's contracting dimensions (exact); f32
 operands become bf16 with f32 accumulation, and the precision rule decides whether that stands.
 
-On the matmul task (bf16 inputs) a kernel that upcasts its tiles before the dot, as users do,
-loses nothing to the bf16 edit; on an f32 task the same edit is less precise than XLA's program
-and the judge refuses it."""
+On the matmul task (bf16 inputs) a kernel that upcasts its tiles before the dot and asks for
+HIGHEST precision, to be safe, pays the MXU's six passes for nothing: the bf16 edit loses nothing
+and the estimate falls (1024 cube, v5e: 106,486 to 24,854 cycles). On an f32 task the same edit is
+less precise than XLA's program and the judge refuses it."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ BLOCK_M = 128
 
 
 def _kernel(a_ref, b_ref, c_ref):
-    c_ref[...] = jnp.dot(a_ref[...].astype(jnp.float32), b_ref[...].astype(jnp.float32)).astype(c_ref.dtype)
+    c_ref[...] = jnp.dot(a_ref[...].astype(jnp.float32), b_ref[...].astype(jnp.float32),
+                         precision=jax.lax.Precision.HIGHEST).astype(c_ref.dtype)
 
 
 @jax.jit
@@ -45,7 +47,8 @@ def matmul(a, b):
 # b arrives as (N, K), transposed in the kernel: the task's b is (K, N), so the wrapper flips it
 # once in XLA and the kernel flips each tile back.
 TRANSPOSED = UPCAST.replace(
-    "jnp.dot(a_ref[...].astype(jnp.float32), b_ref[...].astype(jnp.float32))",
+    """jnp.dot(a_ref[...].astype(jnp.float32), b_ref[...].astype(jnp.float32),
+                         precision=jax.lax.Precision.HIGHEST)""",
     "jnp.dot(a_ref[...], b_ref[...].T, preferred_element_type=jnp.float32)").replace(
     "pl.BlockSpec((k, n), lambda i: (0, 0))", "pl.BlockSpec((n, k), lambda i: (0, 0))").replace(
     ")(a, b)", ")(a, b.T)")
@@ -65,6 +68,7 @@ def test_an_upcast_before_the_dot_becomes_bf16_operands_and_passes(task):
     before, after = Judge().evaluate(UPCAST, task), Judge().evaluate(result.source, task)
     assert before.status.value == "PASS" and after.status.value == "PASS", (before.error, after.error)
     assert after.metrics.max_abs_error <= 1.01 * after.metrics.reference_max_abs_error
+    assert after.metrics.estimated_cycles < before.metrics.estimated_cycles     # one MXU pass, not six
 
 
 def test_a_transposed_operand_folds_into_the_contracting_dimensions(task):
@@ -87,7 +91,7 @@ def test_on_an_f32_task_the_precision_rule_refuses_bf16_operands(tmp_path):
         "def workload(a, b):\n"
         "    return jnp.dot(a, b, precision=jax.lax.Precision.HIGHEST)\n")
     f32_kernel = UPCAST.replace("a_ref[...].astype(jnp.float32), b_ref[...].astype(jnp.float32)",
-                                "a_ref[...], b_ref[...], precision=jax.lax.Precision.HIGHEST")
+                                "a_ref[...], b_ref[...]")
     task = reference_seed(tmp_path / "reference.py").read_task(f32_kernel)
     result = OP.apply(f32_kernel, task, random.Random(0))
     assert result.applied and result.edit.params == {"change": "bf16"}, result.reason
