@@ -11,13 +11,10 @@ task's tolerance holds is the judge's call, per dtype.
 
 from __future__ import annotations
 
-import random
-from typing import Any
-
 import libcst as cst
 
 from .. import _cst as C
-from .._base import APPLICABLE, Applicability, NotApplicable, Operator
+from .._base import APPLICABLE, Applicability, NotApplicable, Rewrite
 
 
 def _divisions(fn: cst.FunctionDef) -> list[cst.BinaryOperation]:
@@ -31,7 +28,7 @@ def _divisions(fn: cst.FunctionDef) -> list[cst.BinaryOperation]:
             if l_ref in C.names_in(n.right) and not C.names_in(n.right) - {l_ref, "head"}]
 
 
-class ApproxReciprocal(Operator):
+class ApproxReciprocal(Rewrite):
     name = "approx_reciprocal"
     exact = False
     description = ("Normalise by the softmax sum with pl.reciprocal(l, approx=True) (the EUP's "
@@ -61,12 +58,7 @@ class ApproxReciprocal(Operator):
         except NotApplicable:
             return False
 
-    def _sample(self, module, task, rng: random.Random) -> dict[str, Any]:
-        return {}
-
-    def _rewrite(self, module, task, params) -> cst.Module:
-        if params:
-            raise NotApplicable(f"approx_reciprocal takes no parameters, got {params}")
+    def _apply(self, module, task) -> cst.Module:
         try:
             self._check_seed(module)
         except NotApplicable:

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import random
-from typing import Any
-
 import libcst as cst
 
 from .. import _cst as C
-from .._base import APPLICABLE, Applicability, NotApplicable, Operator
+from .._base import APPLICABLE, Applicability, NotApplicable, Rewrite
 
 
 def _subscript_of(node: cst.CSTNode, name: str) -> bool:
@@ -73,7 +70,7 @@ class _Match:
         self.store_read = reads[0]
 
 
-class DeferredNormalisation(Operator):
+class DeferredNormalisation(Rewrite):
     name = "deferred_norm"
     description = ("Stop normalising the accumulator every kv step (acc = alpha * acc + pv) and "
                    "divide by the running sum l once, at the last kv step.")
@@ -93,12 +90,7 @@ class DeferredNormalisation(Operator):
         except NotApplicable:
             return False
 
-    def _sample(self, module, task, rng: random.Random) -> dict[str, Any]:
-        return {}
-
-    def _rewrite(self, module, task, params) -> cst.Module:
-        if params:
-            raise NotApplicable(f"deferred_norm takes no parameters, got {params}")
+    def _apply(self, module, task) -> cst.Module:
         try:
             match = _Match(module)
         except NotApplicable:

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import random
-from typing import Any
-
 import libcst as cst
 
 from .. import _cst as C
-from .._base import APPLICABLE, Applicability, NotApplicable, Operator
+from .._base import APPLICABLE, Applicability, NotApplicable, Rewrite
 
 LOG2_E = "1.4426950408889634"
 
@@ -23,7 +20,7 @@ def _is_scale(node: cst.CSTNode) -> bool:
             and C.norm(value.left) == pair[0])
 
 
-class Exp2Softmax(Operator):
+class Exp2Softmax(Rewrite):
     name = "exp2_softmax"
     description = ("Scale logits by sm_scale * log2(e) and use jnp.exp2 for every exponential of the "
                    "online softmax (same result, one multiply less per logit).")
@@ -69,12 +66,7 @@ class Exp2Softmax(Operator):
             return Applicability(False, "the kernel uses natural-log quantities elsewhere")
         return APPLICABLE
 
-    def _sample(self, module, task, rng: random.Random) -> dict[str, Any]:
-        return {}
-
-    def _rewrite(self, module, task, params) -> cst.Module:
-        if params:
-            raise NotApplicable(f"exp2_softmax takes no parameters, got {params}")
+    def _apply(self, module, task) -> cst.Module:
         if not self._seed_idiom(module):
             return rewrite_production(module)
         fn = C.kernel(module)

@@ -26,13 +26,10 @@ input and holds a branch that issues a DMA at its most-taken arm (evaluator/figu
 
 from __future__ import annotations
 
-import random
-from typing import Any
-
 import libcst as cst
 
 from .. import _cst as C
-from .._base import APPLICABLE, Applicability, NotApplicable, Operator
+from .._base import APPLICABLE, Applicability, Rewrite
 
 _SELECTS = ("jax.lax.select", "lax.select", "jnp.where")
 _NEEDED = "_needed"
@@ -92,7 +89,7 @@ def _issuers(module: cst.Module, target: str) -> list[cst.For]:
     return out
 
 
-class CopiesInNeed(Operator):
+class CopiesInNeed(Rewrite):
     name = "copies_in_need"
     description = ("DMAs that copy a dummy page into the slots past the end (an index clamped by "
                    "select) are started and waited only where needed (pl.when of the clamp's "
@@ -109,12 +106,7 @@ class CopiesInNeed(Operator):
             return Applicability(False, "no 'for c in <copies>: c.start()' or c.wait() loop to guard")
         return APPLICABLE
 
-    def _sample(self, module, task, rng: random.Random) -> dict[str, Any]:
-        return {}
-
-    def _rewrite(self, module, task, params) -> cst.Module:
-        if params:
-            raise NotApplicable(f"copies_in_need takes no parameters, got {sorted(params)}")
+    def _apply(self, module, task) -> cst.Module:
         for loop, i, _name, cond, target in _builders(module):
             needed = target + _NEEDED
             body = list(loop.body.body)

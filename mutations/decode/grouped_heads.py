@@ -10,13 +10,10 @@ The K/V traffic drops by the group factor.
 
 from __future__ import annotations
 
-import random
-from typing import Any
-
 import libcst as cst
 
 from .. import _cst as C
-from .._base import APPLICABLE, Applicability, NotApplicable, Operator
+from .._base import APPLICABLE, Applicability, NotApplicable, Rewrite
 
 _GROUPING = """\
 # Grouped heads: the query heads sharing a K/V head become one program's rows, so each K/V
@@ -35,7 +32,7 @@ def _group_statement(wrapper: cst.FunctionDef) -> int:
     raise NotApplicable("the wrapper has no 'group = heads // kv_heads'")
 
 
-class GroupedHeads(Operator):
+class GroupedHeads(Rewrite):
     name = "grouped_heads"
     description = ("GQA: one program per K/V head with its query heads stacked as rows (q reshaped "
                    "outside the kernel), so each K/V block is read once per group, not once per head.")
@@ -57,12 +54,7 @@ class GroupedHeads(Operator):
             return Applicability(False, "the wrapper does not end with 'return pl.pallas_call(...)(...)'")
         return APPLICABLE
 
-    def _sample(self, module, task, rng: random.Random) -> dict[str, Any]:
-        return {}
-
-    def _rewrite(self, module, task, params) -> cst.Module:
-        if params:
-            raise NotApplicable(f"grouped_heads takes no parameters, got {sorted(params)}")
+    def _apply(self, module, task) -> cst.Module:
         wrapper = C.wrapper(module)
         body = list(wrapper.body.body)
         at = _group_statement(wrapper) + 1
