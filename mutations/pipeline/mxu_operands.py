@@ -67,8 +67,13 @@ def _ref_load(x: cst.BaseExpression, refs: set[str]) -> bool:
     return isinstance(x, cst.Subscript) and isinstance(x.value, cst.Name) and x.value.value in refs
 
 
+def _refs(fn: cst.FunctionDef, task: Any) -> set[str]:
+    """The kernel's refs whose loads are known f32 (all of them on a task whose float inputs are)."""
+    return {p.name.value for p in fn.params.params} if _f32_inputs(task) else set()
+
+
 def _changes(fn: cst.FunctionDef, task: Any) -> set[str]:
-    refs = {p.name.value for p in fn.params.params} if _f32_inputs(task) else set()
+    refs = _refs(fn, task)
     found = set()
     for node in C.find_all(fn, lambda n: _operands(n) is not None):
         a, b = _operands(node)  # type: ignore[misc]
@@ -141,7 +146,7 @@ class MxuOperands(Operator):
         if not fns:
             raise NotApplicable(f"no matmul of the kernel takes the {change!r} change")
         for fn in fns:
-            refs = {p.name.value for p in fn.params.params} if _f32_inputs(task) else set()
+            refs = _refs(fn, task)
             new = C.transform(fn, lambda n, refs=refs: _rewrite_dot(n, change, refs)
                               if _operands(n) is not None else None)
             module = C.replace_function(module, fn.name.value, new)
