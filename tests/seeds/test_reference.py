@@ -162,6 +162,10 @@ def test_the_entry_is_found_or_named():
     two = KERNEL + "\ndef matmul2(x, w, ids, sizes):\n    return _call(x, w, 16)\n"
     with pytest.raises(ReferenceError, match="2 functions"):
         kernel_entry(two, 4)
+    # Of several, a seed's own entry name is the one a start is read at (megablox: gmm beside tgmm).
+    assert kernel_entry(two, 4, prefer="matmul2") == "matmul2"
+    with pytest.raises(ReferenceError, match="2 functions"):
+        kernel_entry(two, 4, prefer="absent")
 
 
 @pytest.mark.parametrize("text, message", [
