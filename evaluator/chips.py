@@ -20,7 +20,9 @@ class Chip:
 
 
 # Peak FLOP/s and HBM bandwidth: Google Cloud TPU documentation. Clocks: v5e 1.5 GHz
-# (197 TFLOP/s from 4 MXUs of 128x128); v6e 1.75 GHz is an approximation. Cycle-derived
+# (197 TFLOP/s from 4 MXUs of 128x128); v6e 1.75 GHz is an approximation; v5p 1.75 GHz is what its
+# 459 TFLOP/s takes from two TensorCores of 4 MXUs of 128x128 each (jax's tpu_info: 4 MXUs and 64 MiB
+# of VMEM per v5p core; the scoped default, 16 MiB, is Mosaic's before v6). Cycle-derived
 # latencies are therefore approximate in absolute terms; speedups (ratios of estimates on one
 # chip and one libtpu version) are not affected by the clock. TensorCores per chip: one on v5e and
 # v6e (Cloud TPU system architecture pages; v4 and v5p have two). Device kinds: what JAX reports
@@ -28,6 +30,7 @@ class Chip:
 CHIPS: dict[str, Chip] = {
     "v5e": Chip("v5e", "v5e:2x2", "v5litepod-4", 1.5e9, 197e12, 819e9, 128 << 20, 16 << 20, 1, "TPU v5 lite"),
     "v6e": Chip("v6e", "v6e:2x2", "v6e-4", 1.75e9, 918e12, 1638e9, 128 << 20, 32 << 20, 1, "TPU v6 lite"),
+    "v5p": Chip("v5p", "v5p:2x2x1", "v5p-8", 1.75e9, 459e12, 2765e9, 64 << 20, 16 << 20, 2, "TPU v5"),
 }
 
 

@@ -314,6 +314,23 @@ def with_import(module: cst.Module, line: str = PLTPU) -> cst.Module:
     return module.with_changes(body=[*module.body[:at], *stmts(line + "\n"), *module.body[at:]])
 
 
+def grid_tuple(wrapper: cst.FunctionDef) -> cst.Tuple:
+    """The grid's literal tuple: the ``grid=`` keyword's value, or the one tuple a local name it
+    passes was assigned."""
+    args = find_all(wrapper, lambda n: isinstance(n, cst.Arg) and n.keyword is not None
+                      and n.keyword.value == "grid")
+    if len(args) != 1:
+        raise NotApplicable(f"the wrapper passes grid= {len(args)} times (expected once)")
+    value = args[0].value  # type: ignore[attr-defined]
+    if isinstance(value, cst.Name):
+        found = [pair[1] for s in find_all(wrapper, lambda n: isinstance(n, cst.SimpleStatementLine))
+                 if (pair := assigned_name(s)) and pair[0] == value.value]
+        value = found[0] if len(found) == 1 else None
+    if not isinstance(value, cst.Tuple) or any(isinstance(e, cst.StarredElement) for e in value.elements):
+        raise NotApplicable("the grid is not a literal tuple (grid=(a, b, ...)) in the wrapper")
+    return value
+
+
 def iter_calls(node: cst.CSTNode, func: str) -> Iterator[cst.Call]:
     yield from find_all(node, lambda n: is_call(n, func))  # type: ignore[misc]
 

@@ -30,7 +30,6 @@ from .. import _cst as C
 from .._base import APPLICABLE, Applicability, NotApplicable, Rewrite
 from .._walk import walk
 from ..tuning.dimension_semantics import _keyword, _out_index_maps
-from .grid_order import _grid
 
 STORE = "_store_accumulator"
 
@@ -79,7 +78,7 @@ class _Plan:
             raise NotApplicable(f"the kernel never adds into its output block {self.o_ref}: no reduction there")
         self.axis = _init_axis(self.kernel, self.o_ref)
         wrapper = C.wrapper(module)
-        n = len(_grid(wrapper).elements)
+        n = len(C.grid_tuple(wrapper).elements)
         if self.axis != n - 1:
             raise NotApplicable(f"the reduction axis {self.axis} is not the grid's last ({n - 1}): the output block "
                                 "would leave VMEM between its steps")

@@ -33,23 +33,6 @@ from ..tuning.dimension_semantics import SEMANTICS, _out_index_maps, _semantics,
 ID_CALLS = ("pl.program_id", "pl.num_programs")
 
 
-def _grid(wrapper: cst.FunctionDef) -> cst.Tuple:
-    """The grid's literal tuple: the ``grid=`` keyword's value, or the one tuple a local name it
-    passes was assigned."""
-    args = C.find_all(wrapper, lambda n: isinstance(n, cst.Arg) and n.keyword is not None
-                      and n.keyword.value == "grid")
-    if len(args) != 1:
-        raise NotApplicable(f"the wrapper passes grid= {len(args)} times (expected once)")
-    value = args[0].value  # type: ignore[attr-defined]
-    if isinstance(value, cst.Name):
-        found = [pair[1] for s in C.find_all(wrapper, lambda n: isinstance(n, cst.SimpleStatementLine))
-                 if (pair := C.assigned_name(s)) and pair[0] == value.value]
-        value = found[0] if len(found) == 1 else None
-    if not isinstance(value, cst.Tuple) or any(isinstance(e, cst.StarredElement) for e in value.elements):
-        raise NotApplicable("the grid is not a literal tuple (grid=(a, b, ...)) in the wrapper")
-    return value
-
-
 def _names(module: cst.Module, n: int) -> list[str]:
     """The axes' semantics: from the kernel's CompilerParams, else all arbitrary (the default)."""
     try:
@@ -94,7 +77,7 @@ def _ids(fns: list[cst.FunctionDef]) -> list[cst.Call]:
 
 def _pairs(module: cst.Module) -> tuple[list[tuple[int, int]], str]:
     """The pairs of axes that may swap, and why the others may not."""
-    n = len(_grid(C.wrapper(module)).elements)
+    n = len(C.grid_tuple(C.wrapper(module)).elements)
     if n < 2:
         raise NotApplicable(f"the grid has {n} axis: nothing to reorder")
     names = _names(module, n)
@@ -133,7 +116,7 @@ def _swap(node: cst.CSTNode, a: int, b: int) -> Any:
 def _axis_names(module: cst.Module) -> list[str]:
     """The grid's axes by the names the wrapper's first index map gives them."""
     wrapper = C.wrapper(module)
-    n = len(_grid(wrapper).elements)
+    n = len(C.grid_tuple(wrapper).elements)
     maps = _index_maps(wrapper, n)
     if not maps:
         raise NotApplicable("no index map names the grid's axes")
@@ -148,7 +131,7 @@ class GridOrder(Operator):
 
     def _check(self, module, task) -> Applicability:
         wrapper = C.wrapper(module)
-        n = len(_grid(wrapper).elements)
+        n = len(C.grid_tuple(wrapper).elements)
         _index_maps(wrapper, n)
         _ids(C.site_kernels(module))
         pairs, reasons = _pairs(module)
@@ -176,7 +159,7 @@ class GridOrder(Operator):
         if (a, b) not in pairs:
             raise NotApplicable(f"axes {a} ({inner}) and {b} ({outer}) may not swap ({reasons})")
         wrapper = C.wrapper(module)
-        grid = _grid(wrapper)
+        grid = C.grid_tuple(wrapper)
         n = len(grid.elements)
         replace: dict[cst.CSTNode, cst.CSTNode] = {}
         elements = list(grid.elements)

@@ -9,6 +9,10 @@ within one pass of that axis), and every output index map uses that axis (each s
 output block). Interpret mode runs the grid in order, so the judge could not
 catch a wrong "parallel": the operator refuses what it cannot prove.
 
+A kernel that states no semantics runs every axis "arbitrary" (Mosaic's default); the operator then
+adds ``compiler_params=pltpu.CompilerParams(dimension_semantics=(...))`` (importing ``pltpu`` if
+need be) with only the moved axis "parallel".
+
 Mosaic requires the parallel axes to form a prefix of the grid ("Dimensions with parallel semantics
 must form a prefix of the grid"), so a move keeps the prefix: only the last parallel axis may become
 arbitrary, and only the first arbitrary axis may become parallel.
@@ -29,15 +33,22 @@ import libcst as cst
 
 from .. import _cst as C
 from .._base import APPLICABLE, Applicability, NotApplicable, Operator
+from .vmem_limit import PARAMS_CLASSES, _with_compiler_params
 
 SEMANTICS = ("parallel", "arbitrary")
 
 
-def _semantics(module: cst.Module) -> tuple[cst.Tuple, list[str]]:
-    calls = list(C.iter_calls(C.pallas_call(module), "pltpu.CompilerParams"))
-    if len(calls) != 1:
-        raise NotApplicable("pallas_call has no pltpu.CompilerParams(...) stating dimension_semantics")
-    value = C.call_kwarg(calls[0], "dimension_semantics")
+def _semantics(module: cst.Module) -> tuple[cst.Tuple | None, list[str]]:
+    """The kernel's ``dimension_semantics=(...)`` tuple and its names; a kernel that states none
+    (no CompilerParams, or one without the keyword) runs every axis "arbitrary", Mosaic's default:
+    no tuple, and that many names as the grid's literal tuple has axes."""
+    call = C.pallas_call(module)
+    calls = [c for name in PARAMS_CLASSES for c in C.iter_calls(call, name)]
+    if len(calls) > 1 or (not calls and C.call_kwarg(call, "compiler_params") is not None):
+        raise NotApplicable("pallas_call's compiler_params is not one pltpu.CompilerParams(...)")
+    value = C.call_kwarg(calls[0], "dimension_semantics") if calls else None
+    if value is None:
+        return None, ["arbitrary"] * len(C.grid_tuple(C.wrapper(module)).elements)
     if not isinstance(value, cst.Tuple) or not value.elements:
         raise NotApplicable("CompilerParams has no literal dimension_semantics=(...) tuple")
     names = []
@@ -178,6 +189,13 @@ class DimensionSemantics(Operator):
                                 f"the grid, so only axis {edge} can")
         if semantics == "parallel" and (why := why_not_parallel(module, axis)):
             raise NotApplicable(f"axis {axis} cannot be parallel: {why}")
+        if value is None:     # the kernel states none: every axis was arbitrary, this one moves
+            stated = ", ".join(f'"{semantics if i == axis else n}"' for i, n in enumerate(names))
+            if not [c for name in PARAMS_CLASSES for c in C.iter_calls(C.pallas_call(module), name)]:
+                module = _with_compiler_params(module)
+            params = next(c for name in PARAMS_CLASSES for c in C.iter_calls(C.pallas_call(module), name))
+            return module.deep_replace(params, C.add_call_kwarg(  # type: ignore[return-value]
+                params, "dimension_semantics", f"({stated}{',' if len(names) == 1 else ''})"))
         elements = list(value.elements)
         elements[axis] = elements[axis].with_changes(value=cst.SimpleString(f'"{semantics}"'))
         return module.deep_replace(value, value.with_changes(elements=elements))  # type: ignore[return-value]

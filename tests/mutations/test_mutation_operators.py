@@ -295,10 +295,12 @@ def test_dimension_semantics_cannot_pay_on_one_tensorcore():
     from evolve.search import search_operators
 
     op = get_operator("dimension_semantics")
-    assert all(chip.tensorcores == 1 and not op.pays_on(chip) for chip in CHIPS.values())
+    assert {name for name, chip in CHIPS.items() if op.pays_on(chip)} == {"v5p"}    # two TensorCores
     assert op.pays_on(dataclasses.replace(CHIPS["v5e"], tensorcores=2))
-    assert "dimension_semantics" not in {o.name for o in search_operators("v5e")}
-    assert "block_sizes" in {o.name for o in search_operators("v5e")}
+    for chip in ("v5e", "v6e"):
+        assert "dimension_semantics" not in {o.name for o in search_operators(chip)}
+        assert "block_sizes" in {o.name for o in search_operators(chip)}
+    assert "dimension_semantics" in {o.name for o in search_operators("v5p")}
 
 
 def test_dimension_semantics_follows_a_branch_through_an_alias():
@@ -312,9 +314,20 @@ def test_dimension_semantics_follows_a_branch_through_an_alias():
     assert refused.status == "not_applicable" and "branches on pl.program_id(0)" in refused.reason
 
 
-def test_dimension_semantics_needs_stated_semantics():
-    axpy = seed_case("axpy")                       # the example seed states none
-    assert "no pltpu.CompilerParams" in not_applicable("dimension_semantics", axpy.source, axpy.task)
+def test_dimension_semantics_states_them_where_the_kernel_states_none():
+    """The example seed states no semantics (every axis arbitrary, Mosaic's default): its one row
+    axis becomes parallel through a CompilerParams the rewrite adds, with pltpu imported, and back."""
+    axpy = seed_case("axpy")
+    assert "CompilerParams" not in axpy.source and "pltpu" not in axpy.source
+    parallel = apply("dimension_semantics", axpy.source, axpy.task, axis=0, semantics="parallel")
+    assert "compiler_params=pltpu.CompilerParams(dimension_semantics=(\"parallel\",))" in parallel
+    assert "from jax.experimental.pallas import tpu as pltpu\n" in parallel
+    compile(parallel, "axpy", "exec")
+    back = apply("dimension_semantics", parallel, axpy.task, axis=0, semantics="arbitrary")
+    assert "dimension_semantics=(\"arbitrary\",)" in back
+    refused = get_operator("dimension_semantics").apply_params(axpy.source, axpy.task,
+                                                               {"axis": 0, "semantics": "arbitrary"})
+    assert refused.status == "not_applicable" and "axis 0 is 'arbitrary'" in refused.reason
 
 
 # ---- composition ------------------------------------------------------------------------------
