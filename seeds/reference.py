@@ -93,12 +93,48 @@ def profile_of(source: str, path: str, shape: str = "") -> str:
     return json.dumps(found, sort_keys=True)
 
 
+_WRAPPERS = ("partial", "jit")   # functools.partial(f, ...), jax.jit(f, ...): a public name bound to f
+
+
+def _entries(tree: ast.Module) -> dict[str, tuple[ast.FunctionDef, int, set[str]]]:
+    """Every top-level name a caller can invoke: each function (none of its parameters bound), and
+    each name assigned ``functools.partial(f, *args, **kw)`` or ``jax.jit(f, ...)`` of a function
+    ``f`` of the file (``f``, how many leading positional parameters the partial binds, and the
+    names its keywords bind)."""
+    functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    entries = {name: (fn, 0, set()) for name, fn in functions.items()}
+    for node in tree.body:
+        if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and node.value.args):
+            continue
+        call, target = node.value, node.value.args[0]
+        wrapper = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", None)
+        if wrapper not in _WRAPPERS or not isinstance(target, ast.Name) or target.id not in functions:
+            continue
+        bound = len(call.args) - 1 if wrapper == "partial" else 0
+        keywords = {k.arg for k in call.keywords if k.arg} if wrapper == "partial" else set()
+        for name in node.targets:
+            if isinstance(name, ast.Name):
+                entries[name.id] = (functions[target.id], bound, keywords)
+    return entries
+
+
+def _positional(fn: ast.FunctionDef, bound: int, keywords: set[str]) -> tuple[list[str], int]:
+    """The positional parameters a caller still passes (after ``bound`` leading ones and the
+    keyword-bound ones), and how many of them are required."""
+    params = fn.args.posonlyargs + fn.args.args
+    defaulted = {a.arg for a in params[len(params) - len(fn.args.defaults):]}
+    free = [a.arg for a in params[bound:] if a.arg not in keywords]
+    return free, sum(1 for a in free if a not in defaulted)
+
+
 def kernel_entry(kernel_source: str, arity: int, given: str | None = None, prefer: str | None = None) -> str:
     """The kernel file's entry for a workload of ``arity`` inputs: ``given`` if the file defines
-    it, else its one public top-level function that reaches ``pallas_call`` (itself or through the
+    it, else its one public top-level name that reaches ``pallas_call`` (itself or through the
     file's other functions) and takes ``arity`` positional inputs, or of several the one named
     ``prefer`` (the seed's own entry: megablox's ``gmm`` beside ``tgmm``); ReferenceError when
-    there is none or several: name it with --entry."""
+    there is none or several: name it with --entry. A public name bound to
+    ``functools.partial(f, ...)`` or ``jax.jit(f, ...)`` of a private ``f`` counts as ``f`` with
+    what the partial binds taken away."""
     try:
         tree = ast.parse(kernel_source)
     except SyntaxError as exc:
@@ -112,10 +148,6 @@ def kernel_entry(kernel_source: str, arity: int, given: str | None = None, prefe
                                  f"{', '.join(sorted(functions)) or '(none)'}")
         return given
 
-    def required(fn: ast.FunctionDef) -> int:
-        positional = fn.args.posonlyargs + fn.args.args
-        return len(positional) - len(fn.args.defaults)
-
     def names(fn: ast.FunctionDef) -> set[str]:
         return {n.attr if isinstance(n, ast.Attribute) else n.id for n in ast.walk(fn)
                 if isinstance(n, (ast.Attribute, ast.Name))}
@@ -126,8 +158,11 @@ def kernel_entry(kernel_source: str, arity: int, given: str | None = None, prefe
         if not more:
             break
         reaches |= more
-    found = [name for name, fn in functions.items() if not name.startswith("_") and name in reaches
-             and required(fn) <= arity <= len(fn.args.posonlyargs + fn.args.args)]
+    found = []
+    for name, (fn, bound, keywords) in _entries(tree).items():
+        free, required = _positional(fn, bound, keywords)
+        if not name.startswith("_") and fn.name in reaches and required <= arity <= len(free):
+            found.append(name)
     if len(found) > 1 and prefer in found:
         return prefer
     if len(found) != 1:
@@ -138,14 +173,14 @@ def kernel_entry(kernel_source: str, arity: int, given: str | None = None, prefe
 
 
 def entry_names(kernel_source: str, entry: str, arity: int) -> tuple[str, ...]:
-    """The first ``arity`` positional parameters of the kernel's ``entry`` (() if not a plain
-    function of that many)."""
+    """The first ``arity`` positional parameters a caller passes to the kernel's ``entry`` (a
+    function, or a partial of one; () if not such a callable of that many)."""
     try:
         tree = ast.parse(kernel_source)
     except SyntaxError:
         return ()
-    fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == entry), None)
-    names = [a.arg for a in (fn.args.posonlyargs + fn.args.args)] if fn is not None else []
+    found = _entries(tree).get(entry)
+    names = _positional(*found)[0] if found is not None else []
     return tuple(names[:arity]) if len(names) >= arity else ()
 
 

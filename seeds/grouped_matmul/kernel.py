@@ -5,6 +5,8 @@ groups, in the index maps and the kernel), so nothing but the sizes themselves i
 no branch depends on them (the accumulator is reset by a select).
 (At 128 x 128 x 128 the compiler's profiler runs out of memory on the default task's grid.)"""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
@@ -65,7 +67,7 @@ def gmm(lhs, rhs, group_sizes):
         return _locate(sizes, v, bm, m)[1], j
 
     return pl.pallas_call(
-        lambda *refs: _kernel(*refs, m=m),
+        functools.partial(_kernel, m=m),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=1,
             grid=(n // bn, m // bm + num_groups - 1, k // bk),

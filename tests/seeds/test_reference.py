@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from seeds.reference import ReferenceError, Task, kernel_entry
+from seeds.reference import ReferenceError, Task, entry_names, kernel_entry
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -166,6 +166,25 @@ def test_the_entry_is_found_or_named():
     assert kernel_entry(two, 4, prefer="matmul2") == "matmul2"
     with pytest.raises(ReferenceError, match="2 functions"):
         kernel_entry(two, 4, prefer="absent")
+
+
+def test_an_entry_bound_by_partial_or_jit_is_found_with_what_it_binds_taken_away(task):
+    """A public name bound to ``functools.partial(f, ...)`` or ``jax.jit(f)`` of a private ``f``
+    is a caller's entry: the partial's bound arguments are not the workload's inputs."""
+    private = KERNEL.replace("def matmul(lhs, rhs, ids, sizes, *, block_m=32):",
+                             "def _matmul(block_m, lhs, rhs, ids, sizes):")
+    partial = private + "\nmatmul = functools.partial(_matmul, 32)\n"
+    assert kernel_entry(partial, 4) == "matmul"
+    assert entry_names(partial, "matmul", 4) == ("lhs", "rhs", "ids", "sizes")
+    keyword = KERNEL.replace("def matmul(", "def _matmul(") + "\nmatmul = functools.partial(_matmul, block_m=16)\n"
+    assert kernel_entry(keyword, 4) == "matmul"
+    jitted = KERNEL.replace("def matmul(", "def _matmul(") + "\nmatmul = jax.jit(_matmul, static_argnames='block_m')\n"
+    assert kernel_entry(jitted, 4) == "matmul"
+    with pytest.raises(ReferenceError, match="no public function"):
+        kernel_entry(private, 4)                 # nothing public: the partial was the only way in
+    with pytest.raises(ReferenceError, match="no public function"):
+        kernel_entry(private + "\nmatmul = functools.partial(_matmul, 32, 0)\n", 4)   # binds an input
+    assert Task.read(task.path, partial).entry == "matmul"
 
 
 @pytest.mark.parametrize("text, message", [
