@@ -154,16 +154,22 @@ class JudgeSettings:
     executor: str = "local"         # where candidates are judged: "local" or "ray" (evolve/executors/base.py)
     # The Ray cluster to join (HOST:PORT or "auto"); "": $RAY_ADDRESS, else a Ray started for the run.
     ray_address: str = ""
+    # Address space of each judged child (RLIMIT_AS), GiB; 0: the judge's default (12). A real
+    # shape's compile can need more: libtpu's static profile of an 8192-cube matmul peaks at 13 GB.
+    memory_gib: int = 0
 
     def judge_config(self, data_dir: str | Path | None = None):
         """The judge's configuration for these settings: the one place settings become a
         ``JudgeConfig``. A data directory keeps its reference figures in ``<data_dir>/cache``."""
         import os
 
+        from evaluator.containment.sandbox import Limits
         from evaluator.judge import JudgeConfig
 
+        limits = Limits(memory_bytes=self.memory_gib << 30) if self.memory_gib else Limits()
         return JudgeConfig(chip=self.chip, timing=self.timing, workers=self.workers or max(1, os.cpu_count() or 1),
-                           cache_dir=str(Path(data_dir) / "cache") if data_dir is not None else None)
+                           cache_dir=str(Path(data_dir) / "cache") if data_dir is not None else None,
+                           limits=limits)
 
     def __post_init__(self) -> None:
         from evaluator.chips import CHIPS
@@ -180,6 +186,9 @@ class JudgeSettings:
             raise UsageError(f"unknown chip {self.chip!r}; use --chip with one of: {', '.join(CHIPS)}")
         if self.workers < 0:
             raise UsageError(f"workers must be 0 (one per core) or more, got {self.workers}")
+        if self.memory_gib and not 1 <= self.memory_gib <= 1024:
+            raise UsageError(f"--memory {self.memory_gib}: give each judged child's address space in GiB, "
+                             "1 to 1024 (0: the default, 12)")
         if self.timing not in timing_choices():
             raise UsageError(f"unknown timing source {self.timing!r}; use one of: {', '.join(timing_choices())}")
 

@@ -110,6 +110,9 @@ def timing_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--timing", default=None, choices=timing_choices(),
                         help="auto (the default: measured on a TPU host, else compiler_estimate) or a timing source")
+    parser.add_argument("--memory", type=int, default=None, metavar="GIB",
+                        help="address space of each judged child in GiB (default 12); a real shape's compile "
+                             "may need more (an 8192-cube matmul's profile peaks at 13 GB)")
     return parser
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from evaluator.chips import CHIPS
@@ -192,7 +193,7 @@ class EvalCommand(Command):
                              "or judge the kernel in full without --estimate-only")
         timing = "compiler_estimate" if args.estimate_only else args.timing or "auto"
         try:
-            judge = Judge(JudgeSettings(chip=args.chip, timing=timing).judge_config())
+            judge = Judge(JudgeSettings(chip=args.chip, timing=timing, memory_gib=args.memory or 0).judge_config())
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         if args.estimate_only:
@@ -205,6 +206,10 @@ class EvalCommand(Command):
             print_json({**result.to_dict(), "start": start.record()}, indent=None)
         else:
             print(format_table(result, shown, task))
+        if result.status.value == "CRASH" and "signal" in (result.error or "") and result.stage == "compile":
+            gib = judge.config.limits.memory_bytes >> 30
+            print(f"note: a compile that outgrows the judged child's {gib} GiB of address space dies this "
+                  f"way (libtpu's profile of a large grid can); give it more with --memory GIB", file=sys.stderr)
         return 0 if result.ok else 1
 
 

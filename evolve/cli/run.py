@@ -25,7 +25,7 @@ def _config_from_args(args: argparse.Namespace):
                  "entry": getattr(args, "entry", None)},
         "judge": {"chip": args.chip, "workers": args.workers, "peers": args.peers,
                   "timing": getattr(args, "timing", None), "executor": args.executor,
-                  "ray_address": args.ray_address},
+                  "ray_address": args.ray_address, "memory_gib": getattr(args, "memory", None)},
     })
 
 

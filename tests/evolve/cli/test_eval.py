@@ -61,6 +61,8 @@ def test_eval_table_names_its_timing_source():
      "does not split over 4 chips"),
     (["eval", str(FOUR_CHIPS), "--seed", "flash_decoding"], "uses CHIPS=4, but the task has 1 chip(s)"),
     (["eval", "--chips", "x", str(SEED)], "invalid int value"),
+    (["eval", str(SEED), "--memory", "-1"], "--memory -1: give each judged child's address space in GiB"),
+    (["eval", str(SEED), "--memory", "4096"], "1 to 1024"),
     (["eval"], "required"),
     (["frobnicate"], "invalid choice"),
 ])
@@ -70,6 +72,16 @@ def test_bad_arguments_get_one_line_and_exit_2(args, fragment):
     assert r.stdout == ""
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0], r.stderr
+
+
+def test_memory_is_each_judged_child_s_address_space():
+    """--memory GIB reaches the judge's child limits (RLIMIT_AS); 0 or none keeps the default."""
+    from evolve.config import JudgeSettings, RunConfig
+
+    assert JudgeSettings(memory_gib=20).judge_config().limits.memory_bytes == 20 << 30
+    assert JudgeSettings().judge_config().limits.memory_bytes == 12 << 30
+    stored = RunConfig.stored({"judge": {"chip": "v5e"}})      # a run stored before the key: the default
+    assert stored.judge.memory_gib == 0
 
 
 def test_estimate_only_gives_the_figures_and_no_verdict():
