@@ -171,8 +171,8 @@ def test_a_users_seed_outside_the_repository_runs_end_to_end(tmp_path):
 @pytest.mark.parametrize("op", __import__("mutations").operator_names())
 def test_every_operator_answers_a_seed_it_was_not_written_for_as_a_value(op):
     """On a kernel that is not attention, an operator applies (block_sizes: the task declares the
-    tunable's legal values; vmem_limit: any kernel has a limit) or says 'not applicable'; it never
-    fails or raises."""
+    tunable's legal values; vmem_limit: any kernel has a limit; dimension_semantics: its one row
+    axis, independent, may be stated parallel) or says 'not applicable'; it never fails or raises."""
     import random
 
     from mutations import get_operator
@@ -186,6 +186,9 @@ def test_every_operator_answers_a_seed_it_was_not_written_for_as_a_value(op):
     elif op == "vmem_limit":
         assert result.status == "applied", result.reason
         assert "compiler_params=pltpu.CompilerParams(vmem_limit_bytes=VMEM_LIMIT_BYTES)" in result.source
+    elif op == "dimension_semantics":
+        assert result.status == "applied", result.reason
+        assert 'dimension_semantics=("parallel",)' in result.source
     else:
         assert result.status == "not_applicable", (result.status, result.reason)
         assert "Error" not in result.reason, result.reason
