@@ -33,7 +33,7 @@ import libcst as cst
 
 from .. import _cst as C
 from .._base import APPLICABLE, Applicability, NotApplicable, Operator
-from .vmem_limit import PARAMS_CLASSES, _with_compiler_params
+from .vmem_limit import _with_compiler_params, params_calls
 
 SEMANTICS = ("parallel", "arbitrary")
 
@@ -42,9 +42,8 @@ def _semantics(module: cst.Module) -> tuple[cst.Tuple | None, list[str]]:
     """The kernel's ``dimension_semantics=(...)`` tuple and its names; a kernel that states none
     (no CompilerParams, or one without the keyword) runs every axis "arbitrary", Mosaic's default:
     no tuple, and that many names as the grid's literal tuple has axes."""
-    call = C.pallas_call(module)
-    calls = [c for name in PARAMS_CLASSES for c in C.iter_calls(call, name)]
-    if len(calls) > 1 or (not calls and C.call_kwarg(call, "compiler_params") is not None):
+    calls = params_calls(module)
+    if len(calls) > 1 or (not calls and C.call_kwarg(C.pallas_call(module), "compiler_params") is not None):
         raise NotApplicable("pallas_call's compiler_params is not one pltpu.CompilerParams(...)")
     value = C.call_kwarg(calls[0], "dimension_semantics") if calls else None
     if value is None:
@@ -191,9 +190,9 @@ class DimensionSemantics(Operator):
             raise NotApplicable(f"axis {axis} cannot be parallel: {why}")
         if value is None:     # the kernel states none: every axis was arbitrary, this one moves
             stated = ", ".join(f'"{semantics if i == axis else n}"' for i, n in enumerate(names))
-            if not [c for name in PARAMS_CLASSES for c in C.iter_calls(C.pallas_call(module), name)]:
+            if not params_calls(module):
                 module = _with_compiler_params(module)
-            params = next(c for name in PARAMS_CLASSES for c in C.iter_calls(C.pallas_call(module), name))
+            params = params_calls(module)[0]
             return module.deep_replace(params, C.add_call_kwarg(  # type: ignore[return-value]
                 params, "dimension_semantics", f"({stated}{',' if len(names) == 1 else ''})"))
         elements = list(value.elements)

@@ -31,7 +31,7 @@ class VmemLimit(Operator):
         """The site's CompilerParams(...) call; None when pallas_call takes no compiler_params at
         all (the rewrite then adds one)."""
         call = C.pallas_call(module)
-        calls = [c for name in PARAMS_CLASSES for c in C.iter_calls(call, name)]
+        calls = params_calls(module)
         if len(calls) == 1:
             return calls[0]
         if not calls and C.call_kwarg(call, "compiler_params") is None:
@@ -132,6 +132,12 @@ class VmemLimit(Operator):
 
 # The class of the compiler parameters, by the names JAX has given it.
 PARAMS_CLASSES = ("pltpu.CompilerParams", "pltpu.TPUCompilerParams")
+
+
+def params_calls(module: cst.Module) -> list[cst.Call]:
+    """The compiler-parameter calls in the kernel's pallas_call, by any name of their class."""
+    call = C.pallas_call(module)
+    return [c for name in PARAMS_CLASSES for c in C.iter_calls(call, name)]
 
 
 def _with_compiler_params(module: cst.Module) -> cst.Module:
