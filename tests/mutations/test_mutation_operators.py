@@ -330,6 +330,22 @@ def test_dimension_semantics_states_them_where_the_kernel_states_none():
     assert refused.status == "not_applicable" and "axis 0 is 'arbitrary'" in refused.reason
 
 
+def test_dimension_semantics_stated_anew_still_refuses_an_axis_that_carries_state(tmp_path):
+    """A user's row sum that states no semantics accumulates into its output across axis 1: axis 0
+    may be stated parallel, axis 1 never (the same proof as for stated semantics)."""
+    from seeds.reference import Task
+    from tests.evolve.test_user_styles import PARTIAL_BLOCKS, ROWSUM_REF
+
+    reference = tmp_path / "ref.py"
+    reference.write_text(ROWSUM_REF)
+    task = Task.read(reference, PARTIAL_BLOCKS)
+    op = get_operator("dimension_semantics")
+    first = op.apply_params(PARTIAL_BLOCKS, task, {"axis": 0, "semantics": "parallel"})
+    assert first.status == "applied", first.reason
+    refused = op.apply_params(first.source, task, {"axis": 1, "semantics": "parallel"})
+    assert refused.status == "not_applicable" and "branches on pl.program_id(1)" in refused.reason
+
+
 # ---- composition ------------------------------------------------------------------------------
 def test_operators_that_compose_give_one_kernel_in_either_order():
     hpp2 = Edit("head_coarsening", {"heads_per_program": 2})
