@@ -71,8 +71,10 @@ def failure(outcome: ChildOutcome, budgets: dict[str, float], default_budget: fl
     if outcome.signal is not None and profiler:
         # libtpu's static profiler aborts the whole compile on some DMA patterns: the kernel
         # may be fine, but the estimate has no figure for it (never counted as free).
+        hint = ("; or judge the whole task with --timing compiler_estimate_no_vmem_msa, which keeps such "
+                "arrays out of VMEM" if "DMA direction" in profiler.group(1) else "")
         return Status.FAIL_TIMING, stage, (f"the compiler's static profiler cannot estimate this kernel "
-                                           f"({profiler.group(1).strip()[:200]}); time it on a TPU host")
+                                           f"({profiler.group(1).strip()[:200]}); time it on a TPU host{hint}")
     if outcome.signal is not None:
         name = _signal_name(outcome.signal)
         if outcome.signal == signal.SIGKILL:

@@ -188,10 +188,13 @@ class EvalCommand(Command):
             raise UsageError(f"{shown} is not Python{where}; give the path of a Python file that "
                              f"{wanted}") from None
         check_tiling(source, task)
-        if args.estimate_only and args.timing not in (None, "auto", "compiler_estimate"):
+        static = args.timing in (None, "auto") or args.timing.startswith("compiler_estimate")
+        if args.estimate_only and not static:
             raise UsageError(f"--estimate-only reads the compiler's estimate; drop --timing {args.timing} "
                              "or judge the kernel in full without --estimate-only")
-        timing = "compiler_estimate" if args.estimate_only else args.timing or "auto"
+        timing = args.timing or "auto"
+        if args.estimate_only and timing == "auto":
+            timing = "compiler_estimate"
         try:
             judge = Judge(JudgeSettings(chip=args.chip, timing=timing, memory_gib=args.memory or 0).judge_config())
         except ValueError as exc:

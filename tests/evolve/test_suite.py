@@ -36,6 +36,19 @@ def test_the_table_has_a_row_per_task_a_failure_included_and_the_geometric_mean_
     assert "| >32 |" in table and "FAILED: RuntimeError: boom" in table and "1.225x" in table
 
 
+def test_a_task_timed_by_another_source_is_named_apart_in_the_footer():
+    rows = [S.TaskOutcome(label, f"k/{label}", "v5e", "ok", champion=100.0, peer="XLA", peer_cost=120.0,
+                          kernels=32, timing_source=source, libtpu_version="0.0.42.1")
+            for label, source in (("a", "compiler_estimate+hbm+trips"), ("b", "compiler_estimate+hbm+trips"),
+                                  ("grouped", "compiler_estimate+hbm+trips+no_vmem_msa"))]
+    footer = S.format_suite(rows, 32).splitlines()[-1]
+    assert footer.startswith("budget 32 kernels per task; every figure: compiler_estimate+hbm+trips (except "
+                             "grouped: compiler_estimate+hbm+trips+no_vmem_msa")
+    assert "except" not in S.format_suite(rows[:2], 32)
+    grouped = next(t for t in S.SUITES["default"] if t.seed == "grouped_matmul")
+    assert grouped.timing == "compiler_estimate_no_vmem_msa"      # its XLA peer has a figure only so
+
+
 def test_write_into_replaces_only_the_block_and_refuses_a_page_without_markers(tmp_path):
     page = tmp_path / "page.md"
     page.write_text(f"head\n{S.BEGIN}\nold\n{S.END}\ntail\n")
@@ -64,6 +77,7 @@ def test_the_fingerprint_moves_with_the_judges_code_and_not_with_the_searchs(tmp
     ('[[task]]\nlabel = "x"\nsize = 3\n', "unknown keys size"),
     ('[[task]]\nlabel = "x"\nseed = "no_such_seed"\n', "no_such_seed"),
     ('[[task]]\nlabel = "x"\npeers = {JAX = "missing.py"}\n', "no peer file"),
+    ('[[task]]\nlabel = "x"\ntiming = "stopwatch"\n', "unknown timing source 'stopwatch'"),
 ])
 def test_a_bad_suite_file_is_one_line_exit_2_and_nothing_stored(tmp_path, text, fragment):
     path = tmp_path / "suite.toml"

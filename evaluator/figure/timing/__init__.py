@@ -13,6 +13,7 @@ __all__ = ["Timing", "TimingSource", "get_timing_source", "timing_choices", "TIM
 
 TIMING_SOURCES = Registry("timing", {
     "compiler_estimate": "evaluator.figure.timing.compiler_estimate:CompilerEstimate",
+    "compiler_estimate_no_vmem_msa": "evaluator.figure.timing.compiler_estimate:CompilerEstimateNoVmemMsa",
     "measured": "evaluator.figure.timing.measured:Measured",
 }, member="timing source")
 

@@ -183,6 +183,27 @@ class CompilerEstimate(TimingSource):
                       chip_bytes=tuple(int(b) for b in facts.get("per_chip_kernel_bytes", ())))
 
 
+NO_VMEM_MSA_FLAG = "--xla_vf_vmem_memory_space_assignment=false"
+
+
+class CompilerEstimateNoVmemMsa(CompilerEstimate):
+    """The compiler estimate of every program compiled with XLA's VMEM memory-space assignment off.
+
+    libtpu 0.0.42.1's static profiler aborts on any op holding a VMEM-to-SMEM copy ("Unsupported
+    DMA direction: 10"), which XLA makes when it puts small integer arrays computed in the program
+    (a grouped matmul's group metadata, XLA's own ``ragged_dot``) in VMEM. With the assignment off
+    they stay in HBM and the profiler estimates them. The flag moves other programs' estimates too
+    (a plain ``jnp.dot`` by about 1%), so this is a source of its own, for a task whose programs all
+    need it: its figures are labelled apart and never compared with ``compiler_estimate``'s."""
+
+    name = "compiler_estimate_no_vmem_msa"
+    label = "compiler_estimate+hbm+trips+no_vmem_msa"
+    description = CompilerEstimate.description + "; every program compiled with " + NO_VMEM_MSA_FLAG
+
+    def worker_env(self, scratch: Path) -> dict[str, str]:
+        return {"LIBTPU_INIT_ARGS": f"{DUMP_FLAG}={scratch / 'llo'} {NO_VMEM_MSA_FLAG}"}
+
+
 def _per_set(stage_data: dict[str, dict]) -> list[dict[str, dict]]:
     """The stage data as each input set would give it (the runner's ``trips`` facts per set and
     ``traffic`` bytes per set); one entry where the figure does not depend on the set."""
