@@ -47,13 +47,14 @@ def _hlo_facts(hlo_text: str) -> dict:
             "custom_calls": hlo_text.count("tpu_custom_call")}
 
 
-def _kernel_traffic(exported, inputs: str | None, names: list, specs: list):
+def _kernel_traffic(exported, inputs: str | None, names: list, specs: list, grid_bounds=None):
     """The trusted traffic model's count for the Pallas kernels of ``exported``, its index maps
-    evaluated on the values in the directory ``inputs`` (an input set, or the timing input's)."""
+    evaluated on the values in the directory ``inputs`` (an input set, or the timing input's), a
+    dynamic grid walked at ``grid_bounds`` (its sizes counted on that set)."""
     from evaluator.figure.hbm_traffic import Traffic, program_traffic
 
     value = None if inputs is None else (lambda i: _read_public(inputs, names[i], specs[i][1]))
-    return program_traffic(exported, value) if exported is not None else Traffic()
+    return program_traffic(exported, value, grid_bounds) if exported is not None else Traffic()
 
 
 def _hbm_facts(compiled, exported, timing_input: str | None, names: list, specs: list) -> dict:
@@ -100,12 +101,12 @@ def _load_programs(path: str, specs: list, *, cpu: bool, chips: int = 1,
     compiler parameter outside the allow-list (``compiler_params.py``)."""
     import jax
 
-    from evaluator.program import compiler_params, constants, traced, wire
+    from evaluator.program import compiler_params, constants, static_loops, traced, wire
     from evaluator.correctness import mesh
 
     with open(path, "rb") as fh:
         blob = fh.read(wire.MAX_BYTES + 1)
-    closed = wire.loads(blob)
+    closed = static_loops.unroll_static(wire.loads(blob))   # every trip counted (static_loops.py)
     avals = [(tuple(a.shape), str(a.dtype)) for a in closed.in_avals]
     if avals != [(shape, str(dtype)) for shape, dtype in specs]:
         per_chip = f" on each of {chips} chips" if chips > 1 else ""
@@ -373,18 +374,28 @@ def main(request_path: str) -> int:
         reporter.send(event="stage_ok", stage=stage,
                       data={"outputs": outputs, "correctness_time_s": time.perf_counter() - t0})
 
+        bounds = None     # a dynamic grid's sizes, counted on every set (figure/dynamic_grid.py)
         if counted:
             stage = "trips"
             reporter.stage(stage)
-            reporter.send(event="stage_ok", stage=stage, data=_count_trips(closed, counting, counted, device, specs))
-        if compiled is not None and chips == 1 and facts.get("hbm_data_dependent") and len(req["inputs"]) > 1:
-            # Index maps that read the data: every set's traffic, the figure the slowest's.
+            trips_facts = _count_trips(closed, counting, counted, device, specs)
+            reporter.send(event="stage_ok", stage=stage, data=trips_facts)
+            bounds = [s.get("grid_bounds") for s in trips_facts.get("sets", [])]
+            bounds = bounds if bounds and all(b is not None for b in bounds) else None
+        if compiled is not None and chips == 1 and (
+                bounds or (facts.get("hbm_data_dependent") and len(req["inputs"]) > 1)):
+            # Index maps that read the data, or a grid whose size is data: every set's traffic,
+            # the figure the slowest's.
             stage = "traffic"
             reporter.stage(stage)
             xla_bytes = facts["hbm_bytes"] - facts["hbm_kernel_bytes"]
-            per_set = [xla_bytes + _kernel_traffic(programs["tpu"], directory, names, specs).kernel_bytes
-                       for directory in req["inputs"]]
-            reporter.send(event="stage_ok", stage=stage, data={"hbm_bytes_per_set": per_set})
+            per_set = [_kernel_traffic(programs["tpu"], directory, names, specs, bounds[i] if bounds else None)
+                       for i, directory in enumerate(req["inputs"])]
+            data = {"hbm_bytes_per_set": [xla_bytes + t.kernel_bytes for t in per_set]}
+            if bounds:     # walked now at the counted sizes: what the model sees (or not) on them
+                data |= {"grid_counted": True, "hbm_blind": any(t.blind for t in per_set),
+                         "hbm_notes": sorted({n for t in per_set for n in t.notes})}
+            reporter.send(event="stage_ok", stage=stage, data=data)
 
         if req["on_tpu"] and req.get("timing"):
             stage = "timing"

@@ -68,12 +68,15 @@ class Traffic:
                 "data_dependent": self.data_dependent, "estimate_misses": list(self.estimate_misses)}
 
 
-def program_traffic(exported, input_value: Callable[[int], np.ndarray] | None = None) -> Traffic:
+def program_traffic(exported, input_value: Callable[[int], np.ndarray] | None = None,
+                    grid_bounds: list[list[int]] | None = None) -> Traffic:
     """The HBM traffic of every Pallas kernel in ``exported`` (a TPU ``jax.export.Exported``).
 
     ``input_value(i)`` gives the program's i-th argument (read only for scalar-prefetch operands
     that are program arguments), or None where it is unknown; ``input_value`` None when every value
-    is unknown. Never raises: what cannot be read becomes a note and an upper bound.
+    is unknown. ``grid_bounds[k]``: the sizes of kernel k's dynamic grid dimensions, as counted on
+    an input (``dynamic_grid.py``); without them a dynamic grid is not walked. Never raises: what
+    cannot be read becomes a note and an upper bound.
     """
     from jax._src.interpreters import mlir
     from jax._src.lib import _jax
@@ -85,10 +88,13 @@ def program_traffic(exported, input_value: Callable[[int], np.ndarray] | None = 
     except Exception as exc:  # noqa: BLE001
         return Traffic(0, (f"the program could not be read for its HBM traffic: {exc}",), True)
     kernels: list[tuple[str, Traffic]] = []
-    for name, config, operands, results in calls:
+    if grid_bounds is not None and len(grid_bounds) != len(calls):
+        return Traffic(0, (f"{len(grid_bounds)} kernels counted for {len(calls)} in the program: not modelled",), True)
+    for k, (name, config, operands, results) in enumerate(calls):
         try:
             with mosaic_module(config) as kernel:
-                counted = _kernel_bytes(kernel, operands, results, input_value)
+                counted = _kernel_bytes(kernel, operands, results, input_value,
+                                        grid_bounds[k] if grid_bounds is not None else None)
         except KernelUnreadable as exc:
             counted = Traffic(0, (f"its Mosaic body {exc}",), True)
         except Exception as exc:  # noqa: BLE001
@@ -150,7 +156,7 @@ def _kernel_calls(module):
 
 
 # ---- one kernel -------------------------------------------------------------------------------
-def _kernel_bytes(module, operands, results, input_value) -> Traffic:
+def _kernel_bytes(module, operands, results, input_value, dynamic: list[int] | None = None) -> Traffic:
     from jaxlib.mlir import ir
 
     funcs = {}
@@ -167,6 +173,8 @@ def _kernel_bytes(module, operands, results, input_value) -> Traffic:
         if "iteration_bounds" in main.attributes else []
     n_prefetch = int(ir.IntegerAttr(main.attributes["scalar_prefetch"]).value) \
         if "scalar_prefetch" in main.attributes else 0
+    n_dynamic = sum(1 for b in grid if b < 0)
+    operands = operands[n_dynamic:]     # a dynamic grid's sizes come first among the call's operands
     windows = list(ir.ArrayAttr(main.attributes["window_params"]))
     arrays = [(shape, size) for shape, size, _ in operands[n_prefetch:]] + list(results)
     values = [None if arg is None or input_value is None else input_value(arg) for _, _, arg in operands[:n_prefetch]]
@@ -175,8 +183,11 @@ def _kernel_bytes(module, operands, results, input_value) -> Traffic:
     notes: list[str] = []
     if len(windows) != len(arrays):
         return Traffic(0, (f"{len(windows)} windows for {len(arrays)} operands and results: not modelled",), True)
-    if any(b < 0 for b in grid):
-        return Traffic(0, ("a dynamic grid: its block transfers are not modelled",), True)
+    if n_dynamic:
+        if dynamic is None or len(dynamic) != n_dynamic:
+            return Traffic(0, ("a dynamic grid: its block transfers are not modelled",), True)
+        sizes = iter(dynamic)
+        grid = [b if b >= 0 else next(sizes) for b in grid]
     steps = math.prod(grid) if grid else 1
     total, blind, misses = 0, False, []
     n_inputs = len(operands) - n_prefetch

@@ -47,7 +47,7 @@ import jax.numpy as jnp
 from jax._src import core as jcore
 
 from evaluator.correctness.interpret import grid_loop
-from evaluator.figure import dmas
+from evaluator.figure import dmas, dynamic_grid
 from evaluator.figure.counting import Counter, Site, same_sites, sites
 from evaluator.figure.variants import Uncountable, retrace, retrace_kernel
 from evaluator.program.jaxpr_tools import bind, call_body, environment, find
@@ -157,10 +157,11 @@ def chains(counted: list[SiteCount]) -> list[tuple[tuple[SiteCount, int, float],
     return out
 
 
-def plan(counted: list[SiteCount]) -> tuple[dict, list[tuple[dict, float]]]:
+def plan(counted: list[SiteCount], fixed: dict | None = None) -> tuple[dict, list[tuple[dict, float]]]:
     """The base choice ({(kernel, path): choice}) and the variants beside it, each with its weight
-    (the product of its moves' weights) and the sets of moves it is made of."""
-    base = {c.key: c.base for c in counted}
+    (the product of its moves' weights) and the sets of moves it is made of; ``fixed`` (dynamic
+    grids at their sizes, ``dynamic_grid.py``) is in every one."""
+    base = dict(fixed or {}) | {c.key: c.base for c in counted}
     return base, [(base | {c.key: choice for c, choice, _ in chain}, math.prod(w for _, _, w in chain))
                   for chain in chains(counted)]
 
@@ -265,19 +266,20 @@ def counting_program(closed):
     single = len(closed.jaxpr.outvars) == 1
 
     def program(*xs):
-        counts, program.sites, program.dmas = [], [], []
+        counts, program.sites, program.dmas, program.grids = [], [], [], []
 
         def run(eqn, ins):
             outs, c, (found, kernel_dmas) = grid_loop(*ins, count=_counting, **eqn.params)
             program.sites.append(found)
             program.dmas.append(kernel_dmas)
-            counts.append(c)
+            program.grids.append(dynamic_grid.count(eqn))
+            counts.append(dynamic_grid.with_bounds(c, eqn, ins))
             return outs
 
         outs = _outer_eval(closed.jaxpr, closed.consts, xs, run)
         return (outs[0] if single else tuple(outs)), counts
 
-    program.sites, program.dmas = [], []
+    program.sites, program.dmas, program.grids = [], [], []
     return program
 
 
@@ -287,16 +289,22 @@ def variant_program(closed, choice: dict[tuple, int]):
     single = len(closed.jaxpr.outvars) == 1
 
     def program(*xs):
-        seen = [0]
+        seen, sizes_made = [0], []
 
         def run(eqn, ins):
             k = seen[0]
             seen[0] += 1
-            mine = {path: c for (kernel, path), c in choice.items() if kernel == k}
+            mine = {path: c for (kernel, path), c in choice.items() if kernel == k and path[0] != dynamic_grid.GRID}
+            sizes = {path[1]: c for (kernel, path), c in choice.items() if kernel == k and path[0] == dynamic_grid.GRID}
+            if sizes:       # the ops that work a dynamic grid's size out are kept (an output), and counted
+                sizes_made.extend(ins[:dynamic_grid.count(eqn)])
+                eqn, ins = dynamic_grid.static(eqn, ins, sizes)
             fixed = retrace_kernel(eqn, mine) if mine else eqn
             return bind(fixed, ins)
 
         outs = _outer_eval(closed.jaxpr, closed.consts, xs, run)
+        if sizes_made:
+            return (*outs, *sizes_made)
         return outs[0] if single else tuple(outs)
 
     return program
@@ -321,7 +329,7 @@ def dma_starts(found: list[list[Site]], counts: list) -> list[list[int]]:
             for kernel_sites_, vector in zip(found, counts, strict=True)]
 
 
-def figure(found: list[list[Site]], counts: list, estimate) -> dict:
+def figure(found: list[list[Site]], counts: list, estimate, fixed: dict | None = None) -> dict:
     """The counted figure: ``estimate(choice) -> cycles`` compiles one variant and reads its estimate
     (the same choice may be asked for twice: ``count_figures`` compiles it once). Returns the
     stage's facts: cycles, the sites' counts and every variant's figure. Raises
@@ -329,7 +337,7 @@ def figure(found: list[list[Site]], counts: list, estimate) -> dict:
     (a loop whose trips differ between entries, or are extrapolated, and whose estimate's second
     difference in its trips is not ~0), naming the loop."""
     counted = site_counts(found, counts)
-    base, variants = plan(counted)
+    base, variants = plan(counted, fixed)
     checks = [c for c in counted if c.linear_check]
     if len(variants) + 2 * len(checks) > MAX_VARIANTS:
         raise Uncountable(f"{len(variants)} variants for {len(counted)} nested loops and branches on data: "
@@ -386,18 +394,21 @@ def count_figures(closed, counting, counted_sets: list, llo, compile_variant) ->
         return cycles
 
     found = kernel_sites(closed)
+    grids = counting.grids or [0] * len(found)
     static = None
-    if any(found):
+    if any(found) or any(grids):
         llo.rename(llo.with_name("llo_static"))
     else:                 # no loop or branch on data: the program's own estimate stands
         static = read_cycles(llo)
     per_set = []
     for counted in counted_sets:
         try:
-            counts = [jax.device_get(c) for c in counted]
+            counts, bounds = dynamic_grid.split([jax.device_get(c) for c in counted], grids)
             facts = dmas.counted(counting.dmas, dma_starts(found, counts))
+            if any(grids):
+                facts["grid_bounds"] = bounds
             if static is None:
-                facts |= figure(found, counts, estimate)
+                facts |= figure(found, counts, estimate, dynamic_grid.choice(bounds))
             else:
                 facts |= {"cycles": static[0]} if static[0] is not None else {"error": static[1]}
         except Uncountable as exc:

@@ -85,12 +85,22 @@ def _inline_custom(jaxpr):
     return jaxpr.replace(eqns=eqns)
 
 
+def _is_dynamic_grid_dim(obj) -> bool:
+    """Pallas' marker of a grid dimension whose size is an operand (``DynamicGridDim``): it travels
+    by name, so that the runner's lowering finds its own singleton (it tests ``is``)."""
+    from jax._src.pallas import core as pallas_core
+
+    return isinstance(obj, pallas_core.DynamicGridDim)
+
+
 class _Pickler(pickle.Pickler):
     def persistent_id(self, obj):
         from jax._src import core as jcore
 
         if isinstance(obj, jcore.Primitive):
             return ("primitive", obj.name)
+        if _is_dynamic_grid_dim(obj):
+            return ("dynamic_grid_dim",)
         return None
 
     def reducer_override(self, obj):
@@ -165,6 +175,10 @@ class _Unpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
     def persistent_load(self, pid):
+        if pid == ("dynamic_grid_dim",):
+            from jax._src.pallas import core as pallas_core
+
+            return pallas_core.dynamic_grid_dim
         if not (isinstance(pid, tuple) and len(pid) == 2 and pid[0] == "primitive"):
             raise WireError(f"refused: unknown reference {pid!r} in the program")
         primitive = _primitives().get(pid[1])

@@ -188,6 +188,8 @@ class _Resolver:
         label = self._named(var, index, name)
         if fn is not None:
             local = _assignments(fn).get(var)
+            if local is not None and var in _sites._names(local[0]) and any(p.name.value == var for p in _params(fn)):
+                local = None      # a parameter rebound from itself (``tiling = tiling(m, k, n)``): its value flows
             if local is not None:
                 value, i = local
                 if i is not None:
@@ -262,13 +264,19 @@ def _keyword(call: cst.Call, name: str) -> cst.BaseExpression | None:
     return None
 
 
-def _block_shapes(specs: cst.BaseExpression | None) -> list[tuple[int, cst.Tuple | None]]:
-    """(position, block-shape tuple or None) of each BlockSpec in ``specs``."""
+def _block_shapes(specs: cst.BaseExpression | None, fn: cst.FunctionDef) -> list[tuple[int, cst.Tuple | None]]:
+    """(position, block-shape tuple or None) of each BlockSpec in ``specs`` (written there, or bound
+    to a local name first: ``lhs_spec = pl.BlockSpec(...)``)."""
     if specs is None:
         return []
+    local = _assignments(fn)
     items = [e.value for e in specs.elements] if isinstance(specs, (cst.List, cst.Tuple)) else [specs]
     out = []
     for i, item in enumerate(items):
+        for _ in range(MAX_DEPTH):
+            if not isinstance(item, cst.Name) or local.get(item.value, (None, 0))[1] is not None:
+                break
+            item = local[item.value][0]
         shape = None
         if isinstance(item, cst.Call) and _callee(item) == "BlockSpec":
             first = next((a.value for a in item.args if a.keyword is None or a.keyword.value == "block_shape"), None)
@@ -278,9 +286,11 @@ def _block_shapes(specs: cst.BaseExpression | None) -> list[tuple[int, cst.Tuple
 
 
 def _operands(fn: cst.FunctionDef, call: cst.Call) -> list[cst.BaseExpression] | None:
-    """The operands the pallas_call's kernel is applied to: ``pallas_call(...)(x, w)``."""
+    """The operands the pallas_call's kernel is applied to: ``pallas_call(...)(x, w)``, or
+    ``f = pallas_call(...)`` then ``f(x, w)``."""
+    names = {name for name, (value, i) in _assignments(fn).items() if value is call and i is None}
     for outer in _walk(fn, cst.Call):
-        if outer.func is call:
+        if outer.func is call or (isinstance(outer.func, cst.Name) and outer.func.value in names):
             return [a.value for a in outer.args]
     return None
 
@@ -339,10 +349,10 @@ def _discover(module: cst.Module, entry: str | None, specs: tuple, out: tuple | 
             prefetch = _keyword(call, "num_scalar_prefetch")
             skip = int(prefetch.evaluated_value) if isinstance(prefetch, cst.Integer) else 0
             arrays = []
-            for i, shape in _block_shapes(_keyword(call, "in_specs")):
+            for i, shape in _block_shapes(_keyword(call, "in_specs"), fn):
                 operand = operands[skip + i] if skip + i < len(operands) else None
                 arrays.append((shape, known.get(operand.value) if isinstance(operand, cst.Name) else None))
-            arrays += [(shape, out) for _, shape in _block_shapes(_keyword(call, "out_specs"))]
+            arrays += [(shape, out) for _, shape in _block_shapes(_keyword(call, "out_specs"), fn)]
             for shape, array in arrays:
                 if shape is None:
                     continue

@@ -110,6 +110,22 @@ def matmul(x, w, tiles=Tiles()):
     n = w.shape[1]
     return {call("tiles.bm", "k", "tiles.bn")}
 """,
+    # megablox.gmm's style: a tiling that may be a lookup (rebound from itself when it is), specs
+    # bound to names, and the pallas_call named before it is applied.
+    "specs and the call bound to names, a parameter rebound from itself": """
+def matmul(x, w, tiling=(128, 256)):
+    if callable(tiling):
+        tiling = tiling(x.shape[0], w.shape[1])
+    tm, tn = tiling
+    m, k = x.shape
+    n = w.shape[1]
+    x_spec = pl.BlockSpec((tm, k), lambda i, j: (i, 0))
+    w_spec = pl.BlockSpec((k, tn), lambda i, j: (0, j))
+    out_spec = pl.BlockSpec((tm, tn), lambda i, j: (i, j))
+    call = pl.pallas_call(_kernel, grid=(m // tm, n // tn), in_specs=[x_spec, w_spec], out_specs=out_spec,
+                          out_shape=jax.ShapeDtypeStruct((m, n), x.dtype))
+    return call(x, w)
+""",
     "literals in the BlockSpec": f"""
 def matmul(x, w):
     m, k = x.shape

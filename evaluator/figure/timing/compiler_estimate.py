@@ -112,7 +112,7 @@ class CompilerEstimate(TimingSource):
         that no kernel is timed on its easiest input. A set that cannot be counted refuses it."""
         sets = _per_set(stage_data)
         if len(sets) <= 1:
-            return self._read_one(scratch, stage_data, chip)
+            return self._read_one(scratch, sets[0], chip)
         timings = [self._read_one(scratch, data, chip) for data in sets]
         for i, t in enumerate(timings):
             if t.latency_s is None:
@@ -210,7 +210,7 @@ def _per_set(stage_data: dict[str, dict]) -> list[dict[str, dict]]:
     counted = (stage_data.get("trips") or {}).get("sets") or []
     traffic = (stage_data.get("traffic") or {}).get("hbm_bytes_per_set") or []
     n = max(len(counted), len(traffic))
-    if n <= 1:
+    if n <= 1 and not (stage_data.get("traffic") or {}).get("grid_counted"):
         return [stage_data]
     out = []
     for i in range(n):
@@ -219,5 +219,7 @@ def _per_set(stage_data: dict[str, dict]) -> list[dict[str, dict]]:
             data["trips"] = counted[min(i, len(counted) - 1)]
         if traffic:
             data["compile"] = dict(stage_data.get("compile", {}), hbm_bytes=traffic[min(i, len(traffic) - 1)])
+            if stage_data["traffic"].get("grid_counted"):    # a dynamic grid, walked at its counted sizes
+                data["compile"] |= {k: stage_data["traffic"][k] for k in ("hbm_blind", "hbm_notes")}
         out.append(data)
     return out
