@@ -47,14 +47,15 @@ def _hlo_facts(hlo_text: str) -> dict:
             "custom_calls": hlo_text.count("tpu_custom_call")}
 
 
-def _kernel_traffic(exported, inputs: str | None, names: list, specs: list, grid_bounds=None):
+def _kernel_traffic(exported, inputs: str | None, names: list, specs: list, grid_bounds=None, prefetch=None):
     """The trusted traffic model's count for the Pallas kernels of ``exported``, its index maps
-    evaluated on the values in the directory ``inputs`` (an input set, or the timing input's), a
-    dynamic grid walked at ``grid_bounds`` (its sizes counted on that set)."""
+    evaluated on the values in the directory ``inputs`` (an input set, or the timing input's), or
+    on ``prefetch`` (each kernel's prefetch operands as the counting run computed them on that
+    set), a dynamic grid walked at ``grid_bounds`` (its sizes counted on that set)."""
     from evaluator.figure.hbm_traffic import Traffic, program_traffic
 
     value = None if inputs is None else (lambda i: _read_public(inputs, names[i], specs[i][1]))
-    return program_traffic(exported, value, grid_bounds) if exported is not None else Traffic()
+    return program_traffic(exported, value, grid_bounds, prefetch) if exported is not None else Traffic()
 
 
 def _hbm_facts(compiled, exported, timing_input: str | None, names: list, specs: list) -> dict:
@@ -374,26 +375,27 @@ def main(request_path: str) -> int:
         reporter.send(event="stage_ok", stage=stage,
                       data={"outputs": outputs, "correctness_time_s": time.perf_counter() - t0})
 
-        bounds = None     # a dynamic grid's sizes, counted on every set (figure/dynamic_grid.py)
+        ran = None     # what each set's kernels ran on: grid sizes, prefetch values (figure/dynamic_grid.py)
         if counted:
             stage = "trips"
             reporter.stage(stage)
             trips_facts = _count_trips(closed, counting, counted, device, specs)
+            trips_facts.pop("_prefetch", None)
+            ran = [(s.get("grid_bounds"), s.pop("_prefetch", None)) for s in trips_facts.get("sets", [])]
             reporter.send(event="stage_ok", stage=stage, data=trips_facts)
-            bounds = [s.get("grid_bounds") for s in trips_facts.get("sets", [])]
-            bounds = bounds if bounds and all(b is not None for b in bounds) else None
+            ran = ran if ran and all(p is not None for _, p in ran) and len(ran) == len(req["inputs"]) else None
         if compiled is not None and chips == 1 and (
-                bounds or (facts.get("hbm_data_dependent") and len(req["inputs"]) > 1)):
+                ran or (facts.get("hbm_data_dependent") and len(req["inputs"]) > 1)):
             # Index maps that read the data, or a grid whose size is data: every set's traffic,
-            # the figure the slowest's.
+            # walked on what the set ran on; the figure the slowest's.
             stage = "traffic"
             reporter.stage(stage)
             xla_bytes = facts["hbm_bytes"] - facts["hbm_kernel_bytes"]
-            per_set = [_kernel_traffic(programs["tpu"], directory, names, specs, bounds[i] if bounds else None)
+            per_set = [_kernel_traffic(programs["tpu"], directory, names, specs, *(ran[i] if ran else ()))
                        for i, directory in enumerate(req["inputs"])]
             data = {"hbm_bytes_per_set": [xla_bytes + t.kernel_bytes for t in per_set]}
-            if bounds:     # walked now at the counted sizes: what the model sees (or not) on them
-                data |= {"grid_counted": True, "hbm_blind": any(t.blind for t in per_set),
+            if ran:     # walked on the counted run's values: what the model sees (or not) on them
+                data |= {"walked_on_counts": True, "hbm_blind": any(t.blind for t in per_set),
                          "hbm_notes": sorted({n for t in per_set for n in t.notes})}
             reporter.send(event="stage_ok", stage=stage, data=data)
 

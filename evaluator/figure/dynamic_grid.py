@@ -14,6 +14,7 @@ too (``hbm_traffic.program_traffic``'s ``grid_bounds``). A variant is compiled, 
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 from jax._src.pallas import core as pallas_core
 
 GRID = "grid"     # the first element of a dynamic dimension's choice path: ("grid", i)
@@ -24,22 +25,43 @@ def count(eqn) -> int:
     return eqn.params["grid_mapping"].num_dynamic_grid_bounds
 
 
-def with_bounds(counts, eqn, ins):
-    """A kernel's count vector with its dynamic grid sizes on this input appended."""
-    n = count(eqn)
-    if not n:
-        return counts
-    return jnp.concatenate([counts, jnp.stack([jnp.asarray(b, counts.dtype) for b in ins[:n]])])
+def prefetch_shapes(eqn) -> list[tuple[int, ...]] | None:
+    """The shapes of a ``pallas_call``'s scalar-prefetch operands, where all are integers of 32 bits
+    or fewer (their values ride on the count vector, exactly); None otherwise."""
+    mapping = eqn.params["grid_mapping"]
+    avals = [v.aval for v in eqn.invars[count(eqn):count(eqn) + mapping.num_index_operands]]
+    if not all(jnp.issubdtype(a.dtype, jnp.integer) and a.dtype.itemsize <= 4 for a in avals):
+        return None
+    return [tuple(a.shape) for a in avals]
 
 
-def split(vectors: list, grids: list[int]) -> tuple[list, list[list[int]]]:
-    """Each kernel's count vector without its trailing grid sizes, and the sizes."""
-    counts, bounds = [], []
-    for vector, n in zip(vectors, grids, strict=True):
-        values = [int(x) for x in vector]
-        counts.append(values[:len(values) - n])
-        bounds.append(values[len(values) - n:])
-    return counts, bounds
+def with_data(counts, eqn, ins):
+    """A kernel's count vector with what it ran on appended: its dynamic grid sizes, then its
+    scalar-prefetch operands' values (the index maps read them: the traffic model walks them)."""
+    n, shapes = count(eqn), prefetch_shapes(eqn)
+    parts = [counts] + [jnp.asarray(b, counts.dtype).reshape(1) for b in ins[:n]]
+    if shapes:
+        parts += [jnp.asarray(x).astype(counts.dtype).reshape(-1) for x in ins[n:n + len(shapes)]]
+    return jnp.concatenate(parts) if len(parts) > 1 else counts
+
+
+def split(vectors: list, grids: list[int], shapes: list) -> tuple[list, list[list[int]], list]:
+    """Each kernel's count vector without what :func:`with_data` appended; its grid sizes; and its
+    prefetch operands' values (arrays; None where they were not recorded)."""
+    counts, bounds, prefetch = [], [], []
+    for vector, n, kernel_shapes in zip(vectors, grids, shapes, strict=True):
+        values = np.asarray(vector).reshape(-1).astype(np.int64)
+        tail = sum(int(np.prod(s)) for s in kernel_shapes or [])
+        end = len(values) - tail
+        counts.append([int(x) for x in values[:end - n]])
+        bounds.append([int(x) for x in values[end - n:end]])
+        arrays, at = [], end
+        for shape in kernel_shapes or []:
+            size = int(np.prod(shape))
+            arrays.append(values[at:at + size].astype(np.int32).reshape(shape))
+            at += size
+        prefetch.append(arrays if kernel_shapes is not None else None)
+    return counts, bounds, prefetch
 
 
 def choice(bounds: list[list[int]]) -> dict[tuple, int]:

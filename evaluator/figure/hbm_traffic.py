@@ -69,14 +69,16 @@ class Traffic:
 
 
 def program_traffic(exported, input_value: Callable[[int], np.ndarray] | None = None,
-                    grid_bounds: list[list[int]] | None = None) -> Traffic:
+                    grid_bounds: list[list[int]] | None = None, prefetch: list | None = None) -> Traffic:
     """The HBM traffic of every Pallas kernel in ``exported`` (a TPU ``jax.export.Exported``).
 
     ``input_value(i)`` gives the program's i-th argument (read only for scalar-prefetch operands
     that are program arguments), or None where it is unknown; ``input_value`` None when every value
     is unknown. ``grid_bounds[k]``: the sizes of kernel k's dynamic grid dimensions, as counted on
-    an input (``dynamic_grid.py``); without them a dynamic grid is not walked. Never raises: what
-    cannot be read becomes a note and an upper bound.
+    an input (``dynamic_grid.py``); without them a dynamic grid is not walked. ``prefetch[k]``: kernel
+    k's scalar-prefetch operands as the counting run computed them on that input (None: unknown),
+    for those the program computes rather than takes. Never raises: what cannot be read becomes a
+    note and an upper bound.
     """
     from jax._src.interpreters import mlir
     from jax._src.lib import _jax
@@ -88,13 +90,15 @@ def program_traffic(exported, input_value: Callable[[int], np.ndarray] | None = 
     except Exception as exc:  # noqa: BLE001
         return Traffic(0, (f"the program could not be read for its HBM traffic: {exc}",), True)
     kernels: list[tuple[str, Traffic]] = []
-    if grid_bounds is not None and len(grid_bounds) != len(calls):
-        return Traffic(0, (f"{len(grid_bounds)} kernels counted for {len(calls)} in the program: not modelled",), True)
+    for given in (grid_bounds, prefetch):
+        if given is not None and len(given) != len(calls):
+            return Traffic(0, (f"{len(given)} kernels counted for {len(calls)} in the program: not modelled",), True)
     for k, (name, config, operands, results) in enumerate(calls):
         try:
             with mosaic_module(config) as kernel:
                 counted = _kernel_bytes(kernel, operands, results, input_value,
-                                        grid_bounds[k] if grid_bounds is not None else None)
+                                        grid_bounds[k] if grid_bounds is not None else None,
+                                        prefetch[k] if prefetch is not None else None)
         except KernelUnreadable as exc:
             counted = Traffic(0, (f"its Mosaic body {exc}",), True)
         except Exception as exc:  # noqa: BLE001
@@ -156,7 +160,8 @@ def _kernel_calls(module):
 
 
 # ---- one kernel -------------------------------------------------------------------------------
-def _kernel_bytes(module, operands, results, input_value, dynamic: list[int] | None = None) -> Traffic:
+def _kernel_bytes(module, operands, results, input_value, dynamic: list[int] | None = None,
+                  ran_on: list | None = None) -> Traffic:
     from jaxlib.mlir import ir
 
     funcs = {}
@@ -178,6 +183,8 @@ def _kernel_bytes(module, operands, results, input_value, dynamic: list[int] | N
     windows = list(ir.ArrayAttr(main.attributes["window_params"]))
     arrays = [(shape, size) for shape, size, _ in operands[n_prefetch:]] + list(results)
     values = [None if arg is None or input_value is None else input_value(arg) for _, _, arg in operands[:n_prefetch]]
+    if ran_on is not None and len(ran_on) == n_prefetch:    # what the counted run computed them to be
+        values = [v if v is not None else np.asarray(r) for v, r in zip(values, ran_on, strict=True)]
     prefetch = [None if v is None else np.asarray(v) for v in values]
     reads_data = any(v is not None for v in prefetch)
     notes: list[str] = []

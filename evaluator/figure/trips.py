@@ -266,20 +266,21 @@ def counting_program(closed):
     single = len(closed.jaxpr.outvars) == 1
 
     def program(*xs):
-        counts, program.sites, program.dmas, program.grids = [], [], [], []
+        counts, program.sites, program.dmas, program.grids, program.prefetch = [], [], [], [], []
 
         def run(eqn, ins):
             outs, c, (found, kernel_dmas) = grid_loop(*ins, count=_counting, **eqn.params)
             program.sites.append(found)
             program.dmas.append(kernel_dmas)
             program.grids.append(dynamic_grid.count(eqn))
-            counts.append(dynamic_grid.with_bounds(c, eqn, ins))
+            program.prefetch.append(dynamic_grid.prefetch_shapes(eqn))
+            counts.append(dynamic_grid.with_data(c, eqn, ins))
             return outs
 
         outs = _outer_eval(closed.jaxpr, closed.consts, xs, run)
         return (outs[0] if single else tuple(outs)), counts
 
-    program.sites, program.dmas, program.grids = [], [], []
+    program.sites, program.dmas, program.grids, program.prefetch = [], [], [], []
     return program
 
 
@@ -395,6 +396,7 @@ def count_figures(closed, counting, counted_sets: list, llo, compile_variant) ->
 
     found = kernel_sites(closed)
     grids = counting.grids or [0] * len(found)
+    shapes = counting.prefetch or [None] * len(found)
     static = None
     if any(found) or any(grids):
         llo.rename(llo.with_name("llo_static"))
@@ -403,8 +405,9 @@ def count_figures(closed, counting, counted_sets: list, llo, compile_variant) ->
     per_set = []
     for counted in counted_sets:
         try:
-            counts, bounds = dynamic_grid.split([jax.device_get(c) for c in counted], grids)
+            counts, bounds, prefetch = dynamic_grid.split([jax.device_get(c) for c in counted], grids, shapes)
             facts = dmas.counted(counting.dmas, dma_starts(found, counts))
+            facts["_prefetch"] = prefetch      # the runner's, for the traffic model (never reported)
             if any(grids):
                 facts["grid_bounds"] = bounds
             if static is None:

@@ -210,7 +210,7 @@ def _per_set(stage_data: dict[str, dict]) -> list[dict[str, dict]]:
     counted = (stage_data.get("trips") or {}).get("sets") or []
     traffic = (stage_data.get("traffic") or {}).get("hbm_bytes_per_set") or []
     n = max(len(counted), len(traffic))
-    if n <= 1 and not (stage_data.get("traffic") or {}).get("grid_counted"):
+    if n <= 1 and not (stage_data.get("traffic") or {}).get("walked_on_counts"):
         return [stage_data]
     out = []
     for i in range(n):
@@ -219,7 +219,7 @@ def _per_set(stage_data: dict[str, dict]) -> list[dict[str, dict]]:
             data["trips"] = counted[min(i, len(counted) - 1)]
         if traffic:
             data["compile"] = dict(stage_data.get("compile", {}), hbm_bytes=traffic[min(i, len(traffic) - 1)])
-            if stage_data["traffic"].get("grid_counted"):    # a dynamic grid, walked at its counted sizes
+            if stage_data["traffic"].get("walked_on_counts"):    # walked on what the counted run ran on
                 data["compile"] |= {k: stage_data["traffic"][k] for k in ("hbm_blind", "hbm_notes")}
         out.append(data)
     return out

@@ -218,3 +218,24 @@ def test_an_output_that_comes_back_to_a_block_is_read_back_only_where_declared()
     for mode, blocks in ((None, 1 + 4), (pl.Buffered(1, revisit=pl.RevisitMode.ANY), 1 + 4 + 2)):
         exported = jax.export.export(jax.jit(lambda x, m=mode: f(x, m)), platforms=["tpu"])(spec)
         assert program_traffic(exported).kernel_bytes == blocks * block
+
+
+def test_index_maps_on_prefetch_the_program_computes_are_walked_on_its_counted_values():
+    """A prefetch operand worked out in the program (megablox's group metadata) is unknown to the
+    model, which counts a fetch at every step (an upper bound); given its values as the counting
+    run computed them (``dynamic_grid.with_data``), the walk is exact."""
+    def fn(x):
+        idx = jnp.zeros((4,), jnp.int32) + (x[0, 0] > 1e30).astype(jnp.int32)     # data: all 0 here
+        return pl.pallas_call(
+            lambda idx_ref, x_ref, o_ref: _copy(x_ref, o_ref), out_shape=jax.ShapeDtypeStruct((8, 128), x.dtype),
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=1, grid=(4,),
+                in_specs=[pl.BlockSpec((8, 128), lambda i, idx: (idx[i], 0))],
+                out_specs=pl.BlockSpec((8, 128), lambda i, idx: (0, 0))))(idx, x)
+
+    exported = jax.export.export(jax.jit(fn), platforms=["tpu"])(jax.ShapeDtypeStruct((32, 128), jnp.float32))
+    block = 8 * 128 * 4
+    unknown = program_traffic(exported)
+    assert unknown.kernel_bytes == 4 * block + block and "upper bound" in " ".join(unknown.notes)
+    walked = program_traffic(exported, prefetch=[[np.zeros(4, np.int32)]])
+    assert walked.kernel_bytes == block + block and walked.data_dependent
