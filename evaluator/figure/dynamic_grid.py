@@ -5,7 +5,8 @@ A ``pallas_call`` may take a grid dimension's size as an operand computed in the
 cannot know that size and guesses (137,653 cycles for a grid of 5 row tiles whose static
 twin counts 19,475: megablox at M=K=N=256, E=4, libtpu 0.0.42.1), and the HBM traffic model cannot
 walk a grid it does not know. So the runner counts it as it counts loops on data (``trips.py``):
-the interpreted run records each such size on every input set (:func:`with_bounds`), and the
+the interpreted run records each such size on every input set (:func:`with_data`, which also
+records the prefetch operands the traffic model walks), and the
 figure of a set is read from a variant of the program whose grid is static at that set's sizes
 (:func:`static`), which is the same computation on that set; its traffic is walked on that grid
 too (``hbm_traffic.program_traffic``'s ``grid_bounds``). A variant is compiled, never run.
