@@ -62,9 +62,15 @@ def _judged_chip(jax, kind: str | None) -> None:
     Production kernels ask at trace time: JAX's ragged paged attention looks its tuned block
     sizes up by ``jax.devices()[0].device_kind``, megablox checks for a TPU. Traced once, the
     program is both checked and timed, so both see the same answer. Only the public
-    ``jax.devices`` is answered; JAX's own internals keep the real CPU devices."""
+    ``jax.devices`` is answered; JAX's own internals keep the real CPU devices, except Pallas'
+    table of the chip's sizes, which ``pltpu.emit_pipeline`` reads at trace time for its tiling."""
     if not kind:
         return
+    from jax._src.pallas.mosaic import tpu_info
+
+    version = tpu_info.chip_version_from_device_kind(kind)
+    if version is not None:
+        tpu_info.registry.setdefault("cpu", lambda: tpu_info.get_tpu_info_for_chip(version, 1))
     real = jax.devices
 
     def devices(backend=None):

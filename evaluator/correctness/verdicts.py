@@ -43,8 +43,8 @@ def classify_error(stage: str, kind: str, message: str) -> Status:
         return Status.FAIL_VMEM
     if kind == "MemoryError" or any(k in low for k in ("bad_alloc", "cannot allocate memory")):
         return Status.OOM
-    if kind == "KnobRefused":      # a compiler parameter the judge does not model (compiler_params.py)
-        return Status.FAIL_TIMING
+    if kind in ("KnobRefused", "Uncountable"):   # a compiler parameter the judge does not model
+        return Status.FAIL_TIMING                  # (compiler_params.py), work it cannot count (variants.py)
     if kind in ("Refused", "WireError"):
         return Status.FAIL_TRACE
     return {"load": Status.FAIL_LOWER, "lower": Status.FAIL_LOWER, "compile": Status.FAIL_COMPILE,
