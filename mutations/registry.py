@@ -34,6 +34,7 @@ OPERATORS = Registry("operators", {
     "grid_order": "mutations.pipeline.grid_order:GridOrder",
     "accumulator": "mutations.pipeline.accumulator:Accumulator",
     "mxu_operands": "mutations.pipeline.mxu_operands:MxuOperands",
+    "buffering": "mutations.pipeline.buffering:Buffering",
 }, member="operator")
 _INSTANCES: dict[str, Operator] = {}
 _LOCK = threading.Lock()
