@@ -7,7 +7,12 @@
 * a dotted module name (``jax.experimental.pallas.ops.tpu.flash_attention``): found with
   ``importlib.util.find_spec`` and its source read from the installed package at run time
   (nothing is copied into this repository);
-* a path: the file.
+* a built-in seed's name that is no importable module (``matmul``): that seed's ``kernel.py``;
+* a path: the file (a seed directory: its ``kernel.py``).
+
+With a reference file as the task (``--reference R.py``), a kernel that sits beside a reference
+file of its own and takes fewer inputs than R's workload is grafted into it (``evolve/graft.py``:
+the matmul seed on ``gelu(x @ w + b)``), and its label says so.
 
 The seed's trusted task judges the source, as it judges any file. A :class:`Start` records where
 the source came from (module, distribution and version; or path; and the source's sha256) for the
@@ -47,6 +52,7 @@ class Start:
     # and the sha256 of the source as read (what a resumed run checks).
     defaults: tuple[tuple[str, Any], ...] = ()
     read_sha256: str | None = None
+    grafted: str = ""         # how the source was grafted into a reference file's workload (evolve/graft.py)
 
     @property
     def sha256(self) -> str:
@@ -81,18 +87,37 @@ class Start:
         else:
             label = f"{self.kind} {self.name} (sha256 {self.sha256[:12]})"
         given = ", ".join(f"{k}={v}" for k, v in self.defaults)
-        return label + (f" with {given} (no default in the source)" if given else "")
+        label += f" with {given} (no default in the source)" if given else ""
+        return label + (f"; {self.grafted}" if self.grafted else "")
 
     def record(self) -> dict[str, Any]:
         """What a run stores of its start (everything but the source itself)."""
         return {"spec": self.spec, "kind": self.kind, "name": self.name, "path": self.path,
                 "distribution": self.distribution, "version": self.version, "sha256": self.sha256,
-                "label": self.label, "defaults": {k: v for k, v in self.defaults}}
+                "label": self.label, "defaults": {k: v for k, v in self.defaults}, "grafted": self.grafted}
 
 
 def resolve_start(spec: str | None, seed, *, file: bool = False) -> Start:
     """The start ``spec`` names for ``seed`` (a seeds.Seed); ``file``: ``spec`` is a path whatever it
-    looks like (a command's FILE argument). UsageError when it cannot be read."""
+    looks like (a command's FILE argument). UsageError when it cannot be read. For a reference
+    file's task, a kernel beside a reference file of its own whose entry takes fewer inputs than
+    the workload is grafted into the workload (evolve/graft.py)."""
+    start = _resolve(spec, seed, file)
+    reference = getattr(seed, "reference", None)
+    if reference is None or start.kind == "module":
+        return start
+    from evolve.graft import graft_file
+
+    done = graft_file(start.source, start.path, reference)
+    if isinstance(done, str):
+        raise UsageError(f"{start.label} does not take {Path(reference).name}'s inputs and cannot be grafted into "
+                         f"its workload: {done}")
+    if done is None:
+        return start
+    return dataclasses.replace(start, source=done.source, grafted=done.note, read_sha256=start.sha256)
+
+
+def _resolve(spec: str | None, seed, file: bool) -> Start:
     spec = (spec or "").strip()
     if not spec:
         from seeds import SeedError
@@ -107,6 +132,8 @@ def resolve_start(spec: str | None, seed, *, file: bool = False) -> Start:
         return _module_start(spec, declared[spec])
     if file or "/" in spec or os.sep in spec or spec.endswith(".py") or Path(spec).is_file():
         path = Path(spec).expanduser()
+        if path.is_dir() and (path / "kernel.py").is_file():       # a seed directory: its kernel
+            path = path / "kernel.py"
         if not path.is_file():
             raise UsageError(f"no kernel file at {spec}; give --start an existing Python file or an "
                              "importable module (e.g. jax.experimental.pallas.ops.tpu.flash_attention)")
@@ -114,7 +141,20 @@ def resolve_start(spec: str | None, seed, *, file: bool = False) -> Start:
     if not _DOTTED.match(spec):
         raise UsageError(f"--start {spec!r} is neither a file nor a module name; give a path or a dotted "
                          "module name such as jax.experimental.pallas.ops.tpu.flash_attention")
+    if "." not in spec and _no_module(spec):       # a built-in seed's name: its kernel
+        from seeds import builtin_seeds, load_seed
+
+        if spec in builtin_seeds():
+            path = load_seed(spec).kernel_path
+            return Start(spec, "seed", spec, str(path), _read(path, spec))
     return _module_start(spec, spec)
+
+
+def _no_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is None
+    except (ImportError, ValueError):
+        return True
 
 
 def declared_starts(seed) -> dict[str, str]:

@@ -130,8 +130,10 @@ def start_parser() -> argparse.ArgumentParser:
     parser.add_argument("--start", default=None, metavar="MODULE_OR_FILE",
                         help="start from this kernel instead of the seed's kernel.py: a short name the seed "
                              "declares ('evolve seeds', e.g. jax), an importable module (its source is read "
-                             "from the installed package, e.g. jax.experimental.pallas.ops.tpu.flash_attention) "
-                             "or a file")
+                             "from the installed package, e.g. jax.experimental.pallas.ops.tpu.flash_attention), "
+                             "a built-in seed's name (its kernel.py), a seed directory or a file; with --reference, "
+                             "a seed's kernel of fewer inputs is grafted into the workload (matmul under a bias "
+                             "and gelu)")
     return parser
 
 
