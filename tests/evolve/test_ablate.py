@@ -23,10 +23,10 @@ def test_ablate_json_has_every_operator_the_grid_and_jax(tmp_path):
     # Every operator that applies to flash attention (directly or after another); the decode
     # operators, RPA's copies_in_need and the operators for other kernels (no epilogue in the entry,
     # no reduction in the output block, every input follows both batch and heads, no transposed or f32
-    # matmul operand) say "not applicable" and get no row.
+    # matmul operand, no input fetched once) say "not applicable" and get no row.
     assert set(by_op) == set(operator_names()) - {"grouped_heads", "length_skip", "split_kv", "chip_split",
                                                  "copies_in_need", "fuse_epilogue", "accumulator", "grid_order",
-                                                 "mxu_operands"}
+                                                 "mxu_operands", "buffering"}
     # diagonal_strips and approx_reciprocal do not apply to the seed: each sits on its prerequisite.
     assert by_op["diagonal_strips"]["label"] == "seed + causal_skip + diagonal_strips"
     assert by_op["approx_reciprocal"]["label"] == "seed + deferred_norm + approx_reciprocal"
