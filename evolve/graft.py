@@ -108,9 +108,10 @@ def _module_names(tree: ast.Module) -> dict[str, str]:
     names: dict[str, str] = {}
     for node in tree.body:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
-            for alias in node.names:
-                names[(alias.asname or alias.name).partition(".")[0]] = ast.unparse(node) if len(node.names) == 1 \
-                    else ast.unparse(type(node)(**{**{f: getattr(node, f) for f in node._fields}, "names": [alias]}))
+            for alias in node.names:        # each name as its own import statement
+                one = ast.Import(names=[alias]) if isinstance(node, ast.Import) else \
+                    ast.ImportFrom(module=node.module, names=[alias], level=node.level)
+                names[(alias.asname or alias.name).partition(".")[0]] = ast.unparse(one)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names[node.name] = ""
         elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
