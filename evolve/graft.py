@@ -25,6 +25,12 @@ the epilogue to the kernel's f32 accumulator, rounding once as XLA's program doe
 left in the appended entry is what ``fuse_epilogue`` moves into the kernel. No graft (one line
 saying why) where the kernel's workload is not one expression, nothing in the other workload
 matches it, or the other workload uses a name of its own file that is not an import.
+
+A kernel whose workload is a product of its two inputs (``seeds/matmul``) also takes that product
+written another way: ``x @ w``, ``jnp.matmul(x, w)``, ``jnp.dot(x, w)`` or ``jnp.einsum("mk,kn->mn",
+x, w)`` (each in the inputs' dtype, as the kernel's is), or with a ``preferred_element_type`` (in
+the accumulator's: the start then says it is rounded). The judge checks the grafted start against
+the other workload as it is written, so a product that differs in more than rounding fails there.
 """
 
 from __future__ import annotations
@@ -76,6 +82,60 @@ def _patterns(own: ast.FunctionDef) -> list[ast.expr]:
             and returned.func.attr == "astype"):
         found.append(returned.func.value)
     return found
+
+
+# The calls that multiply two matrices (any module's: jnp.dot, jnp.matmul, lax.dot, np.matmul) and
+# the keywords that leave the product what it is (the accumulator's dtype aside).
+PRODUCTS = ("dot", "matmul")
+PRODUCT_KEYWORDS = ("preferred_element_type", "precision")
+
+
+def _product(node: ast.AST) -> tuple[ast.expr, ast.expr, bool] | None:
+    """``(a, b, accumulates)`` where ``node`` multiplies two matrices in one of the ways a workload
+    writes it: ``a @ b``, ``jnp.dot(a, b)``, ``jnp.matmul(a, b)`` (also with ``precision=``), or
+    ``jnp.einsum("mk,kn->mn", a, b)``; ``accumulates``: it names a ``preferred_element_type`` (f32,
+    the kernel's accumulator), so its result is in that dtype, not the inputs'. None for anything else."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
+        return node.left, node.right, False
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+        return None
+    args, keywords = node.args, {k.arg for k in node.keywords}
+    if node.func.attr == "einsum" and len(args) == 3 and not keywords and isinstance(args[0], ast.Constant):
+        ins, _, out = str(args[0].value).replace(" ", "").partition("->")
+        sides = ins.split(",")
+        if len(sides) != 2 or [len(side) for side in sides] != [2, 2] or len(out) != 2:
+            return None
+        (i, j), (j2, k) = sides
+        return (args[1], args[2], False) if j == j2 and out == i + k and len({i, j, k}) == 3 else None
+    if node.func.attr in PRODUCTS and len(args) == 2 and None not in keywords and keywords <= set(PRODUCT_KEYWORDS):
+        accumulator = next((k.value for k in node.keywords if k.arg == "preferred_element_type"), None)
+        if accumulator is not None and not ast.unparse(accumulator).endswith("float32"):
+            return None                  # another accumulator (int32) is another product
+        return args[0], args[1], accumulator is not None
+    return None
+
+
+def _product_spans(own: ast.FunctionDef, target: ast.FunctionDef, targets: set[str]
+                   ) -> tuple[list[tuple[ast.expr, dict[str, str]]], bool]:
+    """Where the kernel's workload is a product of its two parameters (rounded to the first's dtype
+    or not): each product of two of ``targets`` in the other workload, however it is written, and
+    whether any of them keeps the accumulator's dtype (the kernel then rounds where it did not)."""
+    params, returned = _params(own), _returned(own)
+    if returned is not None and isinstance(returned, ast.Call) and isinstance(returned.func, ast.Attribute) \
+            and returned.func.attr == "astype":
+        returned = returned.func.value
+    mine = _product(returned) if returned is not None else None
+    if len(params) != 2 or mine is None or [getattr(x, "id", None) for x in mine[:2]] != params:
+        return [], False
+    spans, rounded = [], False
+    for node in ast.walk(target):
+        found = _product(node)
+        if found is None or not all(isinstance(x, ast.Name) and x.id in targets for x in found[:2]):
+            continue
+        if not any(_inside(node, taken) for taken, _ in spans):
+            spans.append((node, {params[0]: found[0].id, params[1]: found[1].id}))
+            rounded |= found[2]
+    return spans, rounded
 
 
 def _unify(pattern: ast.AST, node: ast.AST, params: set[str], targets: set[str], bound: dict[str, str]) -> bool:
@@ -153,10 +213,12 @@ def graft(kernel_source: str, kernel_entry: str, own_reference: str, reference: 
                 spans.append((node, bound))
         if spans:
             break
+    rounded = pattern is not patterns[0]         # matched without the kernel's final cast
+    if not spans:                                # the same product written another way (x @ w)
+        spans, rounded = _product_spans(own, target, targets)
     if not spans:
         return (f"nothing in {reference_name}'s workload computes what the kernel's entry does "
-                f"({ast.unparse(patterns[-1])})")
-    rounded = pattern is not patterns[0]         # matched without the kernel's final cast
+                f"({ast.unparse(patterns[-1])}, or a product of two matrices written otherwise)")
     kernel = ast.parse(kernel_source)
     have, theirs = _module_names(kernel), _module_names(ast.parse(reference))
     imports = []
