@@ -41,8 +41,9 @@ from evolve.config import RunConfig
 from evolve.individual import Individual
 from evolve.surrogate import Surrogate
 from evolve.variation import (block_shapes, crossover, drop_chance, drop_edit, dropped, knobs, mutate, nearest,
-                              tweak_chance, tweak_edit, tweaked)
+                              tied_steps, tweak_chance, tweak_edit, tweaked)
 from mutations import all_operators, block_values, read_tunables
+from mutations._replay import replay_applicable
 
 
 
@@ -284,10 +285,15 @@ class Search:
         """A walked kernel's one-step moves: the champion's, every edit dropped and every knob
         moved; another shape's best, its block shape moved a step (to a neighbouring cell: what
         the cell's best would be at the next size up or down of one block)."""
+        shaper = {op.name: op for op in self.operators if op.sets_shape}
+        tied = [("tweak", i, params) for i, e in enumerate(walked.edits) if e["op"] in shaper
+                for params in tied_steps(shaper[e["op"]], e.get("params") or {},
+                                         replay_applicable(self.seed_source, walked.edits[:i], self.task)[0],
+                                         self.task)]
         if walked is self.champion:
-            return [("drop", i, None) for i in range(len(walked.edits))] + [("tweak", i, None) for i in knobs(walked)]
-        shaper = {op.name for op in self.operators if op.sets_shape}
-        return [("tweak", i, None) for i in knobs(walked) if walked.edits[i]["op"] in shaper]
+            return [("drop", i, None) for i in range(len(walked.edits))] + \
+                [("tweak", i, None) for i in knobs(walked)] + tied
+        return [("tweak", i, None) for i in knobs(walked) if walked.edits[i]["op"] in shaper] + tied
 
     def local(self, rng: random.Random, generation: int) -> Individual | None:
         """The local search's step: one of a walked kernel's one-step neighbours (an edit dropped,

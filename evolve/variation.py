@@ -255,6 +255,23 @@ def shape_steps(op: Any, params: dict[str, Any], before: str, task: Any) -> list
     return out
 
 
+def tied_steps(op: Any, params: dict[str, Any], before: str, task: Any) -> list[dict[str, Any]]:
+    """A block shape's sizes that are equal moved a step together (up or down, where the value is
+    legal for each): a square block (block_q = block_k_major) grown as a square, which a step of
+    one size, leaving a shape that diagonal strips do not take, reaches only in two."""
+    shape = params.get("shape")
+    if not op.sets_shape or not isinstance(shape, dict):
+        return []
+    out = []
+    for value in sorted({v for v in shape.values() if list(shape.values()).count(v) > 1}):
+        names = [n for n, v in shape.items() if v == value]
+        for factor in (2, 0.5):
+            moved = {**shape, **{n: int(value * factor) for n in names}}
+            if all(moved[n] in op.shape_legal(n, task, before) for n in names) and consistent(moved):
+                out.append({**params, "shape": moved})
+    return out
+
+
 def nearest(parent: Individual, i: int, seed_source: str, task: Any, rng: random.Random,
             draws: int = 64) -> list[dict[str, Any]]:
     """The parameter sets nearest to edit ``i``'s (by :func:`_distance`) among ``draws`` draws of

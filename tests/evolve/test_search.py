@@ -257,6 +257,28 @@ def test_a_child_that_failed_for_want_of_vmem_is_repaired_next():
     assert search.repair(1) is None
 
 
+def test_a_square_block_also_steps_as_a_square():
+    """Equal sizes of a block shape move a step together (block_q = block_k_major = 1024 to 2048,
+    block_k kept): the local step offers it beside the one-size steps."""
+    from evolve.variation import tied_steps
+    from mutations import get_operator
+
+    source, task = _jax_flash_attention()
+    shape = {"block_q": 1024, "block_k_major": 1024, "block_k": 512}
+    steps = [p["shape"] for p in tied_steps(get_operator("block_sizes"), {"shape": shape}, source, task)]
+    assert sorted(steps, key=lambda s: s["block_q"]) == [{"block_q": 512, "block_k_major": 512, "block_k": 512},
+                                                          {"block_q": 2048, "block_k_major": 2048, "block_k": 512}]
+    assert tied_steps(get_operator("block_sizes"), {"shape": {**shape, "block_q": 2048}}, source, task) == []
+    edits = [Edit("block_sizes", {"shape": shape}), Edit("exp2_softmax", {})]
+    champion = _judged(Individual(replay(source, edits, task).source, edits=[e.to_dict() for e in edits]),
+                       Status.PASS, 150_000, 4.0)
+    search = Search(RunConfig(search=SearchConfig(local_prob=1.0)), source, task, evaluate=len, record=print)
+    search.record([champion])
+    search.taken.append(champion)
+    shapes = {json.dumps(p["shape"], sort_keys=True) for kind, i, p in search.moves(champion) if p}
+    assert json.dumps({"block_q": 2048, "block_k_major": 2048, "block_k": 512}, sort_keys=True) in shapes
+
+
 def test_the_pool_keeps_the_best_of_other_block_shapes_alive():
     search = _search(population=4, hall_of_fame=1, niches=1)
     best = _judged(_with_blocks(1024, 1024), Status.PASS, 150_000, 4.0)
@@ -442,8 +464,11 @@ def test_the_local_step_also_walks_the_best_of_another_block_shape():
         search.taken.append(ind)
     bred = [search.breed_one(10 + k, 1) for k in range(4)]
     assert [c.parent_ids for c in bred] == [(champion.id,), (other.id,), (champion.id,), (other.id,)]
-    # The other shape's best moves its block shape a step (to a neighbouring cell), nothing else.
-    assert {json.dumps(c.params["to"]["shape"], sort_keys=True) for c in bred[1::2]} == {
+    # The other shape's best moves its block shape a step (to a neighbouring cell: one size, or
+    # its equal sizes together), nothing else.
+    moved = {json.dumps(c.params["to"]["shape"], sort_keys=True) for c in bred[1::2]}
+    assert len(moved) == 2 and moved <= {
         json.dumps({"block_q": 1024, "block_k_major": 2048, "block_k": 2048}, sort_keys=True),
-        json.dumps({"block_q": 2048, "block_k_major": 2048, "block_k": 1024}, sort_keys=True)}
+        json.dumps({"block_q": 2048, "block_k_major": 2048, "block_k": 1024}, sort_keys=True),
+        json.dumps({"block_q": 1024, "block_k_major": 1024, "block_k": 1024}, sort_keys=True)}
     assert all(c.edits[1:] == other.edits[1:] for c in bred[1::2])
