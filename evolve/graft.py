@@ -120,11 +120,8 @@ def _product_spans(own: ast.FunctionDef, target: ast.FunctionDef, targets: set[s
     """Where the kernel's workload is a product of its two parameters (rounded to the first's dtype
     or not): each product of two of ``targets`` in the other workload, however it is written, and
     whether any of them keeps the accumulator's dtype (the kernel then rounds where it did not)."""
-    params, returned = _params(own), _returned(own)
-    if returned is not None and isinstance(returned, ast.Call) and isinstance(returned.func, ast.Attribute) \
-            and returned.func.attr == "astype":
-        returned = returned.func.value
-    mine = _product(returned) if returned is not None else None
+    params, patterns = _params(own), _patterns(own)
+    mine = _product(patterns[-1]) if patterns else None       # the expression without its final cast
     if len(params) != 2 or mine is None or [getattr(x, "id", None) for x in mine[:2]] != params:
         return [], False
     spans, rounded = [], False
