@@ -19,6 +19,7 @@ class SearchConfig:
     weighted_drop: bool = True      # the edit dropped: an operator's by how seldom it has paid (else uniform)
     tweak_prob: float = 0.2         # a child is its parent with one edit's parameter moved to the nearest other value
     passed_parents: bool = True     # parents are kernels that passed (a failed one is only ever repaired)
+    fit_keys: bool = True           # no child that differs from a bred kernel only in its VMEM limit (one figure)
     local_prob: float = 0.3         # a child is a one-step neighbour: the champion's, or another shape's best's
     hall_of_fame: int = 2           # elites carried into every generation: the ratchet
     niches: int = 2                 # + the best of this many other block shapes (quality diversity)
@@ -204,7 +205,7 @@ class RunConfig:
 
     # Search keys added after runs were stored, and the value that replays such a run as it was.
     BEFORE = {"stacked": 0, "weighted_drop": False, "tweak_prob": 0.0, "passed_parents": False,
-              "local_prob": 0.0}
+              "local_prob": 0.0, "fit_keys": False}
 
     @classmethod
     def stored(cls, data: dict[str, Any]) -> RunConfig:

@@ -149,6 +149,10 @@ class Search:
         self.cells: dict[str, tuple] = {}             # individual id -> its block shape (parsed once)
         self.near: dict[tuple, list[tuple]] = {}      # (champion?, walked id) -> its one-step moves not drawn yet
         self.turns = 0                                 # local steps taken (whose turn: see walked)
+        # Operators whose rewrite decides only whether a kernel fits, and the fit keys of the
+        # kernels bred: a child whose figure the run already has (or will) is not bred again.
+        self.fit_ops = [op for op in self.operators if op.fit_only] if config.search.fit_keys else []
+        self.fits: set[str] = set()
 
     def weights(self) -> dict[str, float] | None:
         """Each operator's chance of paying off (Laplace: (wins + 1) / (tries + 2))."""
@@ -230,26 +234,45 @@ class Search:
         return int(best * factor) if factor and best else None
 
     # -- breeding -----------------------------------------------------------------------------------
+    def fit_key(self, ind: Individual) -> str:
+        """``ind``'s source with every fit-only setting made one value (its VMEM limit the largest):
+        kernels with one key have one figure under the compiler estimate."""
+        source = ind.source
+        for op in self.fit_ops:
+            source = op.fit_key(source, self.task)
+        return source
+
+    def new(self, ind: Individual | None) -> bool:
+        """Whether ``ind`` is a kernel the run has not bred, nor one that differs from a bred one
+        only in what decides whether it fits (a repair is bred apart: it is exactly that)."""
+        return ind is not None and ind.id not in self.seen and \
+            (not self.fit_ops or self.fit_key(ind) not in self.fits)
+
+    def bred(self, ind: Individual) -> Individual:
+        self.seen.add(ind.id)
+        if self.fit_ops:
+            self.fits.add(self.fit_key(ind))
+        return ind
+
     def initial_population(self) -> list[Individual]:
         rng = random.Random(item_rng(self.config.search.rng_seed, 0))
         seed = Individual(self.seed_source, edits=[], generation=0)
-        population, self.seen = [seed], {seed.id}
+        self.seen, self.fits = set(), set()
+        population = [self.bred(seed)]
         # The first population covers the block shapes (each with, mostly, a chain of other
         # operators that covers them all); random moves from the seed only fill what is left.
         for child in block_shapes(seed, self.task, rng, self.config.search.population - 1,
                                   max_chain=self.config.search.max_chain,
                                   operators=self.operators, stacked=self.config.search.stacked):
-            if child.id not in self.seen:
-                self.seen.add(child.id)
-                population.append(child)
+            if self.new(child):
+                population.append(self.bred(child))
         tries = 0
         while len(population) < self.config.search.population and tries < 10 * self.config.search.population:
             tries += 1
             child = self.toolbox.mutate(seed, rng=rng, generation=0,
                                         max_chain=self.config.search.max_chain)
-            if child is not None and child.id not in self.seen:
-                self.seen.add(child.id)
-                population.append(child)
+            if self.new(child):
+                population.append(self.bred(child))
         return population
 
     def repair(self, generation: int) -> Individual | None:
@@ -315,7 +338,7 @@ class Search:
                     continue
                 child = dropped(walked, i, self.seed_source, self.task, generation) if kind == "drop" else \
                     tweaked(walked, i, params, self.seed_source, self.task, generation)
-                if child is not None and child.id not in self.seen:
+                if self.new(child):
                     return child
         return None
 
@@ -326,8 +349,7 @@ class Search:
         repaired = self.repair(generation)
         if repaired is not None:
             repaired.cut = self.cut()
-            self.seen.add(repaired.id)
-            return repaired
+            return self.bred(repaired)
         state = item_rng(s.rng_seed, index)
         rng = random.Random(state)
         random.seed(state)   # DEAP's selection draws from the global generator
@@ -335,8 +357,7 @@ class Search:
             child = self.local(rng, generation)
             if child is not None:
                 child.cut = self.cut()
-                self.seen.add(child.id)
-                return child
+                return self.bred(child)
         pool, weights = self.pool(), self.weights()
         want = s.oversample if self.surrogate.ready else 1
         candidates: list[Individual] = []
@@ -354,8 +375,7 @@ class Search:
                 else:
                     child = self.toolbox.mutate(first, rng=rng, generation=generation,
                                                 max_chain=s.max_chain, weights=weights)
-                if child is not None and child.id not in self.seen and \
-                        child.id not in {c.id for c in candidates}:
+                if self.new(child) and child.id not in {c.id for c in candidates}:
                     candidates.append(child)
                     break
         if not candidates:
@@ -366,8 +386,7 @@ class Search:
             if len(candidates) > 1 else 0
         child = candidates[best]
         child.cut = self.cut()
-        self.seen.add(child.id)
-        return child
+        return self.bred(child)
 
     # -- the loop -----------------------------------------------------------------------------------
     def run(self, executor) -> Individual | None:

@@ -67,15 +67,24 @@ def mutate(parent: Individual, task: Any, rng: random.Random, generation: int, m
                       operator=name, params=params, generation=generation)
 
 
-def covering_shapes(values: list[list[int]], current: tuple[int, ...], rng: random.Random) -> list[tuple[int, ...]]:
+def covering_shapes(values: list[list[int]], current: tuple[int, ...], rng: random.Random,
+                    majors: dict[int, int] | None = None) -> list[tuple[int, ...]]:
     """Every combination of ``values`` but ``current``, ordered so that the first ones cover each
     tunable's legal values: first the values paired by rank (the smallest of each together, then
     the next: the seed's shape scaled, where every tunable has as many values), then the rest at
-    random. A small first population so spans every size of every tunable, not a random corner."""
+    random. A small first population so spans every size of every tunable, not a random corner.
+    ``majors`` maps a minor block's position to its major's (a minor block divides its major): a
+    minor block as large as its major splits nothing, so the ranked shapes pair each minor with
+    the size below its major's (the smallest where there is none below)."""
     if not values:
         return []
     longest = max(len(v) for v in values)
-    ranked = [tuple(v[min(i * len(v) // longest, len(v) - 1)] for v in values) for i in range(longest)]
+    ranked = [[v[min(i * len(v) // longest, len(v) - 1)] for v in values] for i in range(longest)]
+    for shape in ranked:
+        for minor, major in (majors or {}).items():
+            below = [v for v in values[minor] if v < shape[major]]
+            shape[minor] = below[-1] if below else values[minor][0]
+    ranked = [tuple(shape) for shape in ranked]
     ranked = [s for s in dict.fromkeys(ranked) if s != current]
     rest = [s for s in itertools.product(*values) if s != current and s not in ranked]
     rng.shuffle(ranked)
@@ -116,7 +125,9 @@ def block_shapes(seed: Individual, task: Any, rng: random.Random, count: int, ge
         return []
     current = blocks.shape_values(seed.source, task)              # in the source's order
     names = list(current)
-    shapes = covering_shapes([blocks.shape_legal(n, task, seed.source) for n in names], tuple(current.values()), rng)
+    majors = {names.index(minor): names.index(major) for minor, major in blocks.shape_majors(names).items()}
+    shapes = covering_shapes([blocks.shape_legal(n, task, seed.source) for n in names], tuple(current.values()),
+                             rng, majors)
     pool = all_operators() if operators is None else operators
     others = [op for op in pool if op.name != blocks.name]
     used = {op.name: 0 for op in others}

@@ -113,6 +113,9 @@ class Operator(abc.ABC):
     # The operator that sets a kernel's block shape (at most one): the search's first population
     # spans its shapes (``shape_values``, ``shape_legal``, ``shape_moves``) and then draws it rarely.
     sets_shape: ClassVar[bool] = False
+    # The rewrite decides only whether a kernel fits (compiles within a limit), never its figure
+    # under the compiler estimate: kernels that differ only in it share one figure (``fit_key``).
+    fit_only: ClassVar[bool] = False
 
     # ---- to implement ---------------------------------------------------------------------
     @abc.abstractmethod
@@ -140,6 +143,10 @@ class Operator(abc.ABC):
         """The parameters of the edits that set ``source``'s block shape to ``shape``, in order."""
         raise NotImplementedError(f"{self.name} does not set a block shape")
 
+    def shape_majors(self, names: list[str]) -> dict[str, str]:
+        """Of the block tunables ``names``, each minor block's major (the block it divides)."""
+        return {}
+
     def grid_settings(self, source: str, task: Any, tried: list[Any], best: Any | None
                       ) -> list[tuple[Any, ...]]:
         """A knob's settings for the ablation's grid on ``source``, each a tuple of edits (``()``:
@@ -150,6 +157,11 @@ class Operator(abc.ABC):
     def moves(self, source: str, task: Any) -> tuple[str, ...]:
         """The tunables this operator may set on ``source`` for ``task`` (default: ``tunables``)."""
         return self.tunables
+
+    def fit_key(self, source: str, task: Any) -> str:
+        """A ``fit_only`` operator's: ``source`` with its setting made one fixed value (``source``
+        itself where it does not apply), so that kernels that differ only in it have one key."""
+        return source
 
     def repair_params(self, source: str, task: Any, error: str = "") -> dict[str, Any] | None:
         """The parameters that repair ``source`` after one of ``repairs`` (``error``: the verdict's

@@ -160,6 +160,10 @@ class BlockSizes(Operator):
             return [{"shape": dict(shape)}]
         return [{"tunable": n, "value": v} for n, v in shape.items()]
 
+    def shape_majors(self, names: list[str]) -> dict[str, str]:
+        """A production module's minor blocks (``block_k`` of ``block_k_major``)."""
+        return {name: major for name in names if (major := F.major_of(name)) in names}
+
     def grid_settings(self, source: str, task: Any, tried: list[Edit], best: Edit | None
                       ) -> list[tuple[Edit, ...]]:
         """Block shapes, largest first: the task's own grid points (``task.grid_shapes()``) that

@@ -24,6 +24,7 @@ class VmemLimit(Operator):
     knob = True
     chain_rank = 1
     repairs = ("FAIL_VMEM",)
+    fit_only = True
     description = ("Set the kernel's scoped VMEM limit (VMEM_LIMIT_BYTES passed as "
                    "pltpu.CompilerParams(vmem_limit_bytes=...)) to another value in 16..96 MiB.")
 
@@ -87,6 +88,15 @@ class VmemLimit(Operator):
             return None
         current = self._current_mib(parse(source))
         return {"mib": LIMITS_MIB[-1]} if current is None or current < LIMITS_MIB[-1] else None
+
+    def fit_key(self, source: str, task: Any) -> str:
+        """The source at the largest limit: the limit decides whether a kernel fits, never its
+        estimate (across the suite's archive, every set of kernels that differ only in their
+        limit has one figure, or FAIL_VMEM)."""
+        if not self.check(source, task).ok:
+            return source
+        result = self.apply_params(source, task, {"mib": LIMITS_MIB[-1]})
+        return result.source if result.applied else source
 
     def grid_settings(self, source: str, task: Any, tried: list[Any], best: Any | None
                       ) -> list[tuple[Any, ...]]:
