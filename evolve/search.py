@@ -153,6 +153,7 @@ class Search:
         # kernels bred: a child whose figure the run already has (or will) is not bred again.
         self.fit_ops = [op for op in self.operators if op.fit_only] if config.search.fit_keys else []
         self.fits: set[str] = set()
+        self.keys: dict[str, str] = {}                # individual id -> its fit key (made once)
 
     def weights(self) -> dict[str, float] | None:
         """Each operator's chance of paying off (Laplace: (wins + 1) / (tries + 2))."""
@@ -237,10 +238,12 @@ class Search:
     def fit_key(self, ind: Individual) -> str:
         """``ind``'s source with every fit-only setting made one value (its VMEM limit the largest):
         kernels with one key have one figure under the compiler estimate."""
-        source = ind.source
-        for op in self.fit_ops:
-            source = op.fit_key(source, self.task)
-        return source
+        if ind.id not in self.keys:
+            source = ind.source
+            for op in self.fit_ops:
+                source = op.fit_key(source, self.task)
+            self.keys[ind.id] = source
+        return self.keys[ind.id]
 
     def new(self, ind: Individual | None) -> bool:
         """Whether ``ind`` is a kernel the run has not bred, nor one that differs from a bred one

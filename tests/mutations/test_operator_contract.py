@@ -8,7 +8,8 @@ joins without editing this file.
   seed's own kernel is a bug); the same generator state gives the same result;
 * an applied result carries an Edit that round-trips through JSON and that apply_params turns
   back into exactly the same source, which compiles; the same edit does not apply to it again;
-* illegal parameters give not_applicable or failed, never an exception.
+* illegal parameters give not_applicable or failed, never an exception;
+* a fit-only operator (the VMEM limit) gives a kernel and its own rewrites one fit key.
 """
 
 from __future__ import annotations
@@ -204,3 +205,20 @@ def test_a_knob_gives_the_ablation_grid_settings_of_its_own_edits_that_apply(op,
             result = op.apply_params(source, case.task, edit.params)
             assert result.applied or result.reason == "the rewrite changes nothing", (edit, result.reason)
             source = result.source
+
+
+@pytest.mark.parametrize("op, case", APPLICABLE)
+def test_a_fit_key_is_the_same_for_every_setting_of_a_fit_only_operator(op, case):
+    """``fit_key``: an operator that changes the figure keys a kernel by its source; one that
+    decides only whether a kernel fits (``fit_only``) gives the kernel and every rewrite of its
+    own the same key, and the key keys to itself (the search breeds none of them twice)."""
+    source, task = case.source, case.task
+    key = op.fit_key(source, task)
+    if not op.fit_only:
+        assert key == source
+        return
+    assert op.fit_key(key, task) == key
+    for rng_seed in RNG_SEEDS:
+        result = op.apply(source, task, random.Random(rng_seed))
+        if result.applied:
+            assert op.fit_key(result.source, task) == key, result.edit
