@@ -83,7 +83,8 @@ def _report(run, champion) -> None:
     taken, total = len(getattr(search, "taken", [])), run.config.search.total()
     if search is not None and 0 < taken < total:
         print(f"judged {taken} of the budget's {total} kernels: for the rest the operators offered none not "
-              "judged already (the space their moves span from this kernel is that small)")
+              "judged already, nor one that differs from a judged kernel only in its VMEM limit (one figure): "
+              "the space their moves span from this kernel is that small")
     evolve = evolve_command()
     print(f"browse:  {evolve} ui --data-dir {run.data_dir}\n"
           f"lineage: {evolve} lineage {champion.id} --data-dir {run.data_dir}\n"

@@ -161,7 +161,9 @@ def test_a_users_seed_outside_the_repository_runs_end_to_end(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = pd.concat(pd.read_parquet(p) for p in (data / "archive").rglob("*.parquet"))
     assert set(rows["task_key"]) == {"axpy/M64-N256-float32"}
-    assert len(rows) == 4 and (rows["status"] == "PASS").any()
+    # A budget of 4; at 64 rows the kernel's few block sizes (its VMEM limits give no new figure)
+    # may leave fewer to breed.
+    assert 3 <= len(rows) <= 4 and (rows["status"] == "PASS").any()
     champion = proc.stdout.split("champion ")[1].split()[0]
     proc = evolve("lineage", champion, "--data-dir", str(data))
     assert proc.returncode == 0, proc.stderr
