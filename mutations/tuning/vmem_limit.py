@@ -93,9 +93,7 @@ class VmemLimit(Operator):
         """The source at the largest limit: the limit decides whether a kernel fits, never its
         estimate (across the suite's archive, every set of kernels that differ only in their
         limit has one figure, or FAIL_VMEM)."""
-        if not self.check(source, task).ok:
-            return source
-        result = self.apply_params(source, task, {"mib": LIMITS_MIB[-1]})
+        result = self.apply_params(source, task, {"mib": LIMITS_MIB[-1]})     # checks, never raises
         return result.source if result.applied else source
 
     def grid_settings(self, source: str, task: Any, tried: list[Any], best: Any | None

@@ -18,8 +18,8 @@ TASK = AttentionTask()
 SEED = open("seeds/flash_attention/kernel.py").read()
 
 
-def _kernel(*edits: Edit, source: str = SEED, task=TASK) -> Individual:
-    result = replay(source, list(edits), task)
+def _kernel(*edits: Edit) -> Individual:
+    result = replay(SEED, list(edits), TASK)
     assert result.status == "applied", result.reason
     return Individual(result.source, edits=[e.to_dict() for e in edits])
 
