@@ -31,17 +31,17 @@ from __future__ import annotations
 
 import concurrent.futures
 import random
-import statistics
 from collections.abc import Callable
 from typing import Any
 
-from deap import base, tools
+from deap import tools
 
 from evolve.config import RunConfig
 from evolve.individual import Individual
 from evolve.surrogate import Surrogate
-from evolve.variation import (block_shapes, crossover, drop_chance, drop_edit, dropped, knobs, mutate, nearest,
-                              tied_steps, tweak_chance, tweak_edit, tweaked)
+from evolve.toolbox import make_statistics, make_toolbox
+from evolve.variation import (block_shapes, drop_chance, dropped, knobs, nearest,
+                              tied_steps, tweak_chance, tweaked)
 from mutations import all_operators, block_values, read_tunables
 from mutations._replay import replay_applicable
 
@@ -80,41 +80,6 @@ def search_operators(chip: str) -> list:
 
     target = get_chip(chip)
     return [op for op in all_operators() if op.pays_on(target)]
-
-
-def make_toolbox(config: RunConfig, seed_source: str, task, *, evaluate: Callable,
-                 record: Callable, operators: list) -> base.Toolbox:
-    """``evaluate(ind) -> outcome`` judges one individual (on an executor's worker);
-    ``record(ind, outcome)`` sets its result and fitness and logs it (in the search's thread)."""
-    toolbox = base.Toolbox()
-    toolbox.register("mutate", mutate, task=task, operators=operators)
-    toolbox.register("mate", crossover, seed_source=seed_source, task=task)
-    toolbox.register("drop", drop_edit, seed_source=seed_source, task=task)
-    toolbox.register("tweak", tweak_edit, seed_source=seed_source, task=task)
-    toolbox.register("select", tools.selTournament, tournsize=config.search.tournament_size)
-    toolbox.register("evaluate", evaluate)
-    toolbox.register("record", record)
-    return toolbox
-
-
-def _passed(values: list[tuple[bool, float | None]]) -> list[float]:
-    return [speedup for passed, speedup in values if passed and speedup is not None]
-
-
-def _median(values: list[tuple[bool, float | None]]) -> float | None:
-    speedups = _passed(values)
-    return statistics.median(speedups) if speedups else None
-
-
-def make_statistics() -> tools.Statistics:
-    """DEAP's statistics over a pool, the one source of the per-generation figures (the logbook,
-    MLflow's metrics, the archive's generation records): the best and the median speedup of the
-    kernels that passed (None when none did) and the fraction that passed."""
-    stats = tools.Statistics(key=lambda ind: (ind.passed, ind.speedup))
-    stats.register("best", lambda values: max(_passed(values), default=None))
-    stats.register("median", _median)
-    stats.register("pass_rate", lambda values: sum(passed for passed, _ in values) / len(values) if values else 0.0)
-    return stats
 
 
 class Search:
@@ -328,22 +293,44 @@ class Search:
         often): a multi-step kernel found with a random parameter or with an edit that costs (a
         stacked first kernel) is walked to its local optimum, whatever tournaments draw. Each
         kernel's moves are drawn without replacement and built only when drawn; the kernel whose
-        turn it is (:meth:`walked`) first, the others when its moves are spent."""
+        turn it is (:meth:`walked`) first, the others when its moves are spent. Once the surrogate
+        has data, a tweak is the one it ranks fastest of up to ``oversample`` tweaks drawn (the
+        others go back to be drawn): of a block shape's or a strip's two neighbours, the run's
+        figures so far say which side pays. A drop is judged as drawn: the surrogate ranks a drop
+        that changes nothing the estimate sees at the walked kernel's own figure."""
         weights = self.weights() or {}
+        want = self.config.search.oversample if self.surrogate.ready else 1
         for walked in self.walked():
             moves = self.near.setdefault((walked is self.champion, walked.id), self.moves(walked))
-            while moves:
+            drawn: list[tuple[Individual, tuple]] = []
+            while moves and len(drawn) < want:
                 chance = [(drop_chance if kind == "drop" else tweak_chance)(walked.edits[i]["op"], weights)
                           for kind, i, _ in moves]
-                kind, i, params = moves.pop(rng.choices(range(len(moves)), weights=chance, k=1)[0])
+                move = moves.pop(rng.choices(range(len(moves)), weights=chance, k=1)[0])
+                kind, i, params = move
                 if kind == "tweak" and params is None:     # its nearest values, each a move of its own
                     moves += [("tweak", i, p) for p in nearest(walked, i, self.seed_source, self.task, rng)]
                     continue
+                if kind == "drop" and drawn:
+                    moves.append(move)
+                    break
                 child = dropped(walked, i, self.seed_source, self.task, generation) if kind == "drop" else \
                     tweaked(walked, i, params, self.seed_source, self.task, generation)
-                if self.new(child):
-                    return child
+                if self.new(child) and child.id not in {c.id for c, _ in drawn}:
+                    drawn.append((child, move))
+                    if kind == "drop":
+                        break
+            if drawn:      # the surrogate keeps the move it ranks fastest; the others stay to be drawn
+                best = self.fastest([child for child, _ in drawn])
+                moves += [move for k, (_, move) in enumerate(drawn) if k != best]
+                return drawn[best][0]
         return None
+
+    def fastest(self, children: list[Individual]) -> int:
+        """The index of the child the surrogate ranks fastest (ties: the first bred); one: 0."""
+        return min(range(len(children)), key=lambda i: (self.surrogate.predict(children[i].source,
+                                                                                children[i].edits), i)) \
+            if len(children) > 1 else 0
 
     def breed_one(self, index: int, generation: int) -> Individual | None:
         """Item ``index``: a repair of a child that failed in a way an operator repairs, else a
@@ -383,11 +370,7 @@ class Search:
                     break
         if not candidates:
             return None
-        # The surrogate keeps the candidate it ranks fastest (ties: the first bred).
-        best = min(range(len(candidates)),
-                   key=lambda i: (self.surrogate.predict(candidates[i].source, candidates[i].edits), i)) \
-            if len(candidates) > 1 else 0
-        child = candidates[best]
+        child = candidates[self.fastest(candidates)]
         child.cut = self.cut()
         return self.bred(child)
 

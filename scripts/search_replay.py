@@ -35,6 +35,7 @@ def main() -> int:
     p.add_argument("--seed", default="flash_attention")
     p.add_argument("--shape", default=None)
     p.add_argument("--chip", default="v5e")
+    p.add_argument("--timing", default="auto", help="the judge's timing source (as evolve run --timing)")
     p.add_argument("--seeds", default="0", help="RNG seeds, comma-separated")
     p.add_argument("--population", type=int, default=8)
     p.add_argument("--generations", type=int, default=4)
@@ -57,7 +58,7 @@ def main() -> int:
     path = Path(a.cache or f"/tmp/search-replay-{a.chip}-{task.key.replace('/', '_')}.json")
     cache = json.loads(path.read_text()) if path.exists() else {}
     lock = threading.Lock()
-    judge = Judge(JudgeConfig(chip=a.chip, workers=2))
+    judge = Judge(JudgeConfig(chip=a.chip, timing=a.timing, workers=2))
     if "reference" not in cache:
         cache["reference"] = judge.estimate_timing(None, task)[0].cycles
     reference = cache["reference"] or 10**9     # no reference figure: speedups are 1e9 / cycles

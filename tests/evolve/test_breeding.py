@@ -89,3 +89,49 @@ def test_the_first_shapes_pair_each_minor_block_below_its_major():
     values = [[128, 256, 512], [128, 256, 512]]
     assert set(covering_shapes(values, (128, 128), random.Random(0))[:2]) == {(256, 256), (512, 512)}
     assert set(covering_shapes(values, (128, 128), random.Random(0), {1: 0})[:2]) == {(256, 128), (512, 256)}
+
+
+class _Ranker:
+    """A stand-in surrogate (a unit test's): it ranks a kernel by its BLOCK_Q, larger first, and
+    remembers what it was asked to rank in each step."""
+    ready = True
+
+    def __init__(self):
+        self.asked: list[list[str]] = []
+
+    def predict(self, source, edits):
+        self.asked[-1].append(source)
+        return -block_values(source, TASK)["BLOCK_Q"]
+
+    def add(self, *args):
+        pass
+
+
+def test_the_local_step_ranks_its_tweaks_by_the_surrogate_and_loses_no_move():
+    search = Search(RunConfig(search=SearchConfig(local_prob=1.0, oversample=3)), SEED, TASK,
+                    evaluate=len, record=print)
+    champion = search.bred(_kernel(*_blocks(512, 512), Edit("exp2_softmax", {})))
+    champion.result = EvalResult(Status.PASS, metrics=Metrics(estimated_cycles=150_000, speedup_vs_reference=4.0))
+    champion.fitness.values = (4.0,)
+    search.record([champion])
+    search.taken.append(champion)
+    search.surrogate = ranker = _Ranker()
+    children = []
+    for k in range(12):
+        ranker.asked.append([])
+        child = search.local(random.Random(k), 1)
+        if child is None:
+            break
+        children.append(search.bred(child))
+        ranked = ranker.asked[-1]
+        if child.operator == "tweak" and ranked:      # (a tweak drawn alone is not ranked)
+            assert child.source == min(ranked, key=lambda s: -block_values(s, TASK)["BLOCK_Q"]), \
+                "a tweak is the fastest ranked of those drawn"
+        elif child.operator == "drop":
+            assert not ranked, "a drop is judged as drawn"
+    assert any(len(asked) > 1 for asked in ranker.asked), "no step ranked two tweaks"
+    # Every one-step move is bred once, whatever was ranked above it: three drops, and BLOCK_Q and
+    # BLOCK_KV each a step down and a step up.
+    shapes = sorted((c.operator, tuple(block_values(c.source, TASK).values())) for c in children)
+    assert [op for op, _ in shapes].count("drop") == 3
+    assert [s for op, s in shapes if op == "tweak"] == [(256, 512), (512, 256), (512, 1024), (1024, 512)]
