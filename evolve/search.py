@@ -294,10 +294,9 @@ class Search:
         stacked first kernel) is walked to its local optimum, whatever tournaments draw. Each
         kernel's moves are drawn without replacement and built only when drawn; the kernel whose
         turn it is (:meth:`walked`) first, the others when its moves are spent. Once the surrogate
-        has data, a tweak is the one it ranks fastest of up to ``oversample`` tweaks drawn (the
-        others go back to be drawn): of a block shape's or a strip's two neighbours, the run's
-        figures so far say which side pays. A drop is judged as drawn: the surrogate ranks a drop
-        that changes nothing the estimate sees at the walked kernel's own figure."""
+        has data, the move is the one it ranks fastest of up to ``oversample`` drawn (the others
+        go back to be drawn): of a block shape's or a strip's two neighbours, the run's figures so
+        far say which side pays."""
         weights = self.weights() or {}
         want = self.config.search.oversample if self.surrogate.ready else 1
         for walked in self.walked():
@@ -311,15 +310,10 @@ class Search:
                 if kind == "tweak" and params is None:     # its nearest values, each a move of its own
                     moves += [("tweak", i, p) for p in nearest(walked, i, self.seed_source, self.task, rng)]
                     continue
-                if kind == "drop" and drawn:
-                    moves.append(move)
-                    break
                 child = dropped(walked, i, self.seed_source, self.task, generation) if kind == "drop" else \
                     tweaked(walked, i, params, self.seed_source, self.task, generation)
                 if self.new(child) and child.id not in {c.id for c, _ in drawn}:
                     drawn.append((child, move))
-                    if kind == "drop":
-                        break
             if drawn:      # the surrogate keeps the move it ranks fastest; the others stay to be drawn
                 best = self.fastest([child for child, _ in drawn])
                 moves += [move for k, (_, move) in enumerate(drawn) if k != best]
