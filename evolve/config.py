@@ -21,6 +21,7 @@ class SearchConfig:
     passed_parents: bool = True     # parents are kernels that passed (a failed one is only ever repaired)
     fit_keys: bool = True           # no child that differs from a bred kernel only in its VMEM limit (one figure)
     local_prob: float = 0.3         # a child is a one-step neighbour: the champion's, or another shape's best's
+    ranked_local: bool = True       # that neighbour: the surrogate's pick of up to `oversample` drawn (else the first)
     hall_of_fame: int = 2           # elites carried into every generation: the ratchet
     niches: int = 2                 # + the best of this many other block shapes (quality diversity)
     rng_seed: int = 0
@@ -205,7 +206,7 @@ class RunConfig:
 
     # Search keys added after runs were stored, and the value that replays such a run as it was.
     BEFORE = {"stacked": 0, "weighted_drop": False, "tweak_prob": 0.0, "passed_parents": False,
-              "local_prob": 0.0, "fit_keys": False}
+              "local_prob": 0.0, "fit_keys": False, "ranked_local": False}
 
     @classmethod
     def stored(cls, data: dict[str, Any]) -> RunConfig:

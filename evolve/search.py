@@ -298,7 +298,8 @@ class Search:
         go back to be drawn): of a block shape's or a strip's two neighbours, the run's figures so
         far say which side pays."""
         weights = self.weights() or {}
-        want = self.config.search.oversample if self.surrogate.ready else 1
+        s = self.config.search
+        want = s.oversample if s.ranked_local and self.surrogate.ready else 1
         for walked in self.walked():
             moves = self.near.setdefault((walked is self.champion, walked.id), self.moves(walked))
             drawn: list[tuple[Individual, tuple]] = []

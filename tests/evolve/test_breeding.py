@@ -133,3 +133,12 @@ def test_the_local_step_ranks_its_moves_by_the_surrogate_and_loses_no_move():
     shapes = sorted((c.operator, tuple(block_values(c.source, TASK).values())) for c in children)
     assert [op for op, _ in shapes].count("drop") == 3
     assert [s for op, s in shapes if op == "tweak"] == [(256, 512), (512, 256), (512, 1024), (1024, 512)]
+    # Off (and for runs stored before it, which resume as they ran), the first move drawn is bred.
+    assert RunConfig.stored({"search": {}}).search.ranked_local is False
+    off = Search(RunConfig(search=SearchConfig(local_prob=1.0, ranked_local=False)), SEED, TASK,
+                 evaluate=len, record=print)
+    off.champion = champion
+    off.taken.append(champion)
+    off.surrogate = ranker = _Ranker()
+    ranker.asked.append([])
+    assert off.local(random.Random(0), 1) is not None and ranker.asked == [[]]
