@@ -22,6 +22,7 @@ class SearchConfig:
     fit_keys: bool = True           # no child that differs from a bred kernel only in its VMEM limit (one figure)
     local_prob: float = 0.3         # a child is a one-step neighbour: the champion's, or another shape's best's
     ranked_local: bool = True       # that neighbour: the surrogate's pick of up to `oversample` drawn (else the first)
+    walk_within: float = 1.25       # ... and another shape's best only if within this x the champion's figure (0: any)
     hall_of_fame: int = 2           # elites carried into every generation: the ratchet
     niches: int = 2                 # + the best of this many other block shapes (quality diversity)
     rng_seed: int = 0
@@ -71,6 +72,8 @@ class SearchConfig:
             raise UsageError(f"budget must be at least 1 kernel (0: from the generations), got {self.budget}")
         if self.lag < 0:
             raise UsageError(f"lag must be 0 (twice the workers) or more, got {self.lag}")
+        if self.walk_within != 0 and self.walk_within < 1:
+            raise UsageError(f"walk_within must be 0 (any) or at least 1, got {self.walk_within}")
         if not 0 <= self.niches < self.population:
             raise UsageError(f"niches must be between 0 and the population size - 1, got {self.niches}")
         if not 1 <= self.hall_of_fame < self.population:
@@ -206,7 +209,8 @@ class RunConfig:
 
     # Search keys added after runs were stored, and the value that replays such a run as it was.
     BEFORE = {"stacked": 0, "weighted_drop": False, "tweak_prob": 0.0, "passed_parents": False,
-              "local_prob": 0.0, "fit_keys": False, "ranked_local": False}
+              "local_prob": 0.0, "fit_keys": False, "ranked_local": False,
+              "walk_within": 0.0}
 
     @classmethod
     def stored(cls, data: dict[str, Any]) -> RunConfig:

@@ -265,8 +265,13 @@ class Search:
         """The kernels the local search walks, in turn: the champion every other step, and between
         its steps the best kernel of each of the next ``niches`` block shapes in turn. A second
         shape whose stacked kernel is one step from the best (2048-wide blocks whose minor block
-        is still 2048) is walked too, not only drawn by tournaments it rarely wins."""
+        is still 2048) is walked too, not only drawn by tournaments it rarely wins; but only a
+        shape within ``walk_within`` x the champion's figure: one step rarely closes a wider gap,
+        and the champion's own steps are the ones that can still pay (its turns, instead)."""
         others = [ind for ind in self.niches() if self.cell(ind) != self.cell(self.champion)]
+        within = self.config.search.walk_within
+        if within:
+            others = [ind for ind in others if ind.merit * within >= self.champion.merit]   # a speedup
         others = others[:self.config.search.niches]
         turn, self.turns = self.turns, self.turns + 1
         first = others[(turn // 2) % len(others)] if others and turn % 2 else self.champion

@@ -13,6 +13,7 @@ import pytest
 
 from evaluator.result import EvalResult, Metrics, Status
 from evolve.config import RunConfig, SearchConfig
+from evolve.errors import UsageError
 from evolve.executors.base import LocalExecutor
 from evolve.individual import Individual
 from evolve.search import Search
@@ -456,7 +457,7 @@ def test_the_local_step_also_walks_the_best_of_another_block_shape():
         ind = Individual(result.source, edits=[e.to_dict() for e in edits])
         return _judged(ind, Status.PASS, cycles, 1e6 / cycles)
 
-    search = Search(RunConfig(search=SearchConfig(local_prob=1.0, niches=1)), source, task,
+    search = Search(RunConfig(search=SearchConfig(local_prob=1.0, niches=1, walk_within=1.5)), source, task,
                     evaluate=len, record=print)
     champion, other = kernel(1024, 1024, 1024, 150_000), kernel(2048, 2048, 2048, 200_000)
     for ind in (champion, other):
@@ -472,3 +473,25 @@ def test_the_local_step_also_walks_the_best_of_another_block_shape():
         json.dumps({"block_q": 2048, "block_k_major": 2048, "block_k": 1024}, sort_keys=True),
         json.dumps({"block_q": 1024, "block_k_major": 1024, "block_k": 1024}, sort_keys=True)}
     assert all(c.edits[1:] == other.edits[1:] for c in bred[1::2])
+
+
+def test_the_local_step_walks_another_shape_only_within_walk_within_of_the_champion():
+    def walked_first(within: float, others: list[tuple[int, int]]) -> list[str]:
+        search = _search(local_prob=1.0, niches=2, walk_within=within)
+        champion = _judged(_with_blocks(1024, 1024), Status.PASS, 150_000, 4.0)
+        for ind in [champion] + [_judged(_with_blocks(q, q), Status.PASS, cycles, 600_000 / cycles)
+                                 for q, cycles in others]:
+            search.record([ind])
+            search.taken.append(ind)
+        return [search.cell(search.walked()[0]) for _ in range(6)]
+
+    champion, near, far = (1024, 1024), (512, 512), (2048, 2048)
+    # 1.2x the champion's cycles is walked in its turn; 1.4x is not, under a bar of 1.3x: the
+    # champion takes its turns (its moves are the ones that can still pay).
+    assert walked_first(1.3, [(512, 180_000), (2048, 210_000)]) == [champion, near] * 3
+    assert walked_first(1.3, [(2048, 210_000)]) == [champion] * 6
+    # 0: any other shape's best is walked, as before the bar (runs stored before it resume so).
+    assert walked_first(0, [(512, 180_000), (2048, 210_000)]) == [champion, near, champion, far, champion, near]
+    assert RunConfig.stored({"search": {}}).search.walk_within == 0
+    with pytest.raises(UsageError, match="walk_within"):
+        SearchConfig(walk_within=0.5)
