@@ -22,7 +22,7 @@ class SearchConfig:
     fit_keys: bool = True           # no child that differs from a bred kernel only in its VMEM limit (one figure)
     local_prob: float = 0.3         # a child is a one-step neighbour: the champion's, or another shape's best's
     ranked_local: bool = True       # that neighbour: the surrogate's pick of up to `oversample` drawn (else the first)
-    walk_within: float = 1.25       # ... and another shape's best only if within this x the champion's figure (0: any)
+    walk_within: float = 1.25       # another shape's best is walked only within this x the champion's figure (0: any)
     hall_of_fame: int = 2           # elites carried into every generation: the ratchet
     niches: int = 2                 # + the best of this many other block shapes (quality diversity)
     rng_seed: int = 0

@@ -476,7 +476,7 @@ def test_the_local_step_also_walks_the_best_of_another_block_shape():
 
 
 def test_the_local_step_walks_another_shape_only_within_walk_within_of_the_champion():
-    def walked_first(within: float, others: list[tuple[int, int]]) -> list[str]:
+    def walked_first(within: float, others: list[tuple[int, int]]) -> list[tuple]:
         search = _search(local_prob=1.0, niches=2, walk_within=within)
         champion = _judged(_with_blocks(1024, 1024), Status.PASS, 150_000, 4.0)
         for ind in [champion] + [_judged(_with_blocks(q, q), Status.PASS, cycles, 600_000 / cycles)
