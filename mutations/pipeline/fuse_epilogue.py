@@ -392,7 +392,7 @@ def _fuse(p: _Plan) -> cst.Module:
             comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))), cst.Arg(cst.Name(n))])
     setup = C.stmts(f"\n_pre = {C.code(C.call_kwarg(pallas, 'out_shape'))}\n"
                     f"_out_spec = {C.code(C.call_kwarg(pallas, 'out_specs'))}\n"
-                    f"_out, _specs = {HELPER}(_epilogue, _pre, _out_spec, ({', '.join(wnames)},))\n")
+                    f"_out, _specs = {HELPER}(_epilogue, _pre, _out_spec, ({''.join(n + ', ' for n in wnames)}))\n")
     last = w.body.body[-1]
     ret = last.with_changes(body=[last.body[0].with_changes(value=outer)])  # type: ignore[attr-defined]
     w = w.with_changes(body=w.body.with_changes(body=[*w.body.body[:-1], epi, *setup, ret]))

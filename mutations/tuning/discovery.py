@@ -140,6 +140,7 @@ class _Resolver:
         self.functions = _functions(module)
         self.constants = _constants(module)
         self.calls = _walk(module, cst.Call)
+        self.caller = {id(call): fn for fn in self.functions.values() for call in _walk(fn, cst.Call)}
 
     def resolve(self, expr: cst.BaseExpression, fn: cst.FunctionDef | None, index: int | None = None,
                 name: str | None = None, depth: int = 0) -> dict[str, list[cst.Integer]] | None:
@@ -205,7 +206,9 @@ class _Resolver:
 
     def _param(self, fn: cst.FunctionDef, param: cst.Param, index, label, depth):
         """A parameter: what its callers pass it (a keyword, a partial's keyword, a positional
-        argument), else its default."""
+        argument: a literal, or a name the caller binds, such as its own parameter), and its
+        default. An entry's ``block_rows=32`` handed on to a helper's ``block_rows`` is one
+        tunable, the entry's default and the helper's (if any) set together."""
         var, out = param.name.value, {}
         position = [p.name.value for p in _positional(fn)]
         for call in self.calls:
@@ -218,8 +221,8 @@ class _Resolver:
             for i, arg in enumerate(args):
                 hit = (arg.keyword is not None and arg.keyword.value == var) or \
                       (arg.keyword is None and not arg.star and i < len(position) and position[i] == var)
-                if hit and isinstance(arg.value, (cst.Integer, cst.Tuple, cst.List)):
-                    found = self.resolve(arg.value, None, index, label, depth + 1)
+                if hit:     # a literal, or a name in the caller (its own parameter, followed in turn)
+                    found = self.resolve(arg.value, self.caller.get(id(call)), index, label, depth + 1)
                     if found:
                         for k, v in found.items():
                             out.setdefault(k, []).extend(v)

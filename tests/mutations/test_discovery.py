@@ -99,6 +99,25 @@ _tiled = functools.partial(_mm, bm=128, bn=256)
 def matmul(x, w):
     return _tiled(x, w)
 """,
+    "an entry's keyword defaults handed on to a helper by name": f"""
+def _mm(x, w, bm, bn):
+    m, k = x.shape
+    n = w.shape[1]
+    return {call("bm", "k", "bn")}
+
+def matmul(x, w, block_m=128, *, block_n=256):
+    return _mm(x, w, block_m, bn=block_n)
+""",
+    # the helper's own defaults are never used (the entry always passes its own): moved together
+    "a helper's defaults overridden by the entry's": f"""
+def _mm(x, w, bm=128, bn=256):
+    m, k = x.shape
+    n = w.shape[1]
+    return {call("bm", "k", "bn")}
+
+def matmul(x, w, block_m=128, block_n=256):
+    return _mm(x, w, bm=block_m, bn=block_n)
+""",
     "dataclass fields": f"""
 @dataclasses.dataclass(frozen=True)
 class Tiles:
