@@ -111,12 +111,13 @@ def test_an_epilogue_that_reads_no_operand_fuses_and_passes(seed, tmp_path):
     of operands, written ``()`` (it was ``(,)``, not Python)."""
     text = (ROOT / "examples" / "reference_matmul" / "reference.py").read_text()
     text = text.replace("M, K, N = 4096, 4096, 4096", "M, K, N = 256, 256, 256")
-    text = text.replace("    return x, w, b\n", "    return x, w\n").replace("def workload(x, w, b):", "def workload(x, w):")
+    text = text.replace("    return x, w, b\n", "    return x, w\n")
+    text = text.replace("def workload(x, w, b):", "def workload(x, w):")
     text = text.replace(" + b.astype(jnp.float32)", "")
     (tmp_path / "reference.py").write_text(text)
     task = Task.read(tmp_path / "reference.py", entry="matmul_gelu")
-    source = _variant(seed, "def matmul_bias_gelu(x, w, b):\n    y = matmul(x, w).astype(jnp.float32) + b.astype(jnp.float32)",
-                      "def matmul_gelu(x, w):\n    y = matmul(x, w).astype(jnp.float32)")
+    source = _variant(seed, "def matmul_bias_gelu(x, w, b):\n    y = matmul(x, w).astype(jnp.float32) + b.astype("
+                            "jnp.float32)", "def matmul_gelu(x, w):\n    y = matmul(x, w).astype(jnp.float32)")
     result = OP.apply(source, task, random.Random(0))
     assert result.applied, result.reason
     assert "_epilogue_operand_specs(_epilogue, _pre, _out_spec, ())" in result.source
