@@ -23,8 +23,10 @@ class SearchConfig:
     local_prob: float = 0.3         # a child is a one-step neighbour: the champion's, or another shape's best's
     ranked_local: bool = True       # that neighbour: the surrogate's pick of up to `oversample` drawn (else the first)
     walk_within: float = 1.25       # another shape's best is walked only within this x the champion's figure (0: any)
-    hall_of_fame: int = 2           # elites carried into every generation: the ratchet
-    niches: int = 2                 # + the best of this many other block shapes (quality diversity)
+    # Elites carried into every generation (the ratchet), and the best of this many other block
+    # shapes beside them (quality diversity). None: 2 each, or population - 1 where that is fewer.
+    hall_of_fame: int | None = None
+    niches: int | None = None
     rng_seed: int = 0
     max_tries: int = 8              # attempts to produce a new (unseen) child before giving up
     # The cascade: a child whose compiler estimate is over prune_factor x the champion's cycles
@@ -49,6 +51,9 @@ class SearchConfig:
     def __post_init__(self) -> None:
         if self.population < 2:
             raise UsageError(f"population must be at least 2, got {self.population}; use --population 2 or more")
+        for name in ("hall_of_fame", "niches"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, min(2, self.population - 1))
         if self.generations < 0:
             raise UsageError(f"generations must be 0 or more, got {self.generations}")
         if self.tournament_size < 1:
@@ -75,9 +80,11 @@ class SearchConfig:
         if self.walk_within != 0 and self.walk_within < 1:
             raise UsageError(f"walk_within must be 0 (any) or at least 1, got {self.walk_within}")
         if not 0 <= self.niches < self.population:
-            raise UsageError(f"niches must be between 0 and the population size - 1, got {self.niches}")
+            raise UsageError(f"niches must be between 0 and the population size - 1 ({self.population - 1}), "
+                             f"got {self.niches}; lower it or raise --population")
         if not 1 <= self.hall_of_fame < self.population:
-            raise UsageError("hall_of_fame must be at least 1 and smaller than the population")
+            raise UsageError(f"hall_of_fame must be at least 1 and smaller than the population ({self.population}), "
+                             f"got {self.hall_of_fame}; lower it or raise --population")
 
 
 @dataclasses.dataclass(frozen=True)

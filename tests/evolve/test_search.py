@@ -495,3 +495,16 @@ def test_the_local_step_walks_another_shape_only_within_walk_within_of_the_champ
     assert RunConfig.stored({"search": {}}).search.walk_within == 0
     with pytest.raises(UsageError, match="walk_within"):
         SearchConfig(walk_within=0.5)
+
+
+def test_a_small_population_shrinks_the_elites_and_niches_to_fit():
+    """--population 2 runs (one elite, one niche, one child a generation); the defaults are 2 each
+    from 3 on; a value the user sets that does not fit says which and how to fix it."""
+    two = SearchConfig(population=2, generations=3)
+    assert (two.hall_of_fame, two.niches, two.total()) == (1, 1, 5)
+    assert (SearchConfig().hall_of_fame, SearchConfig().niches) == (2, 2)
+    assert (SearchConfig(population=3, niches=0).hall_of_fame, SearchConfig(population=3, niches=0).niches) == (2, 0)
+    with pytest.raises(UsageError, match=r"niches must be .* \(2\), got 3; lower it or raise --population"):
+        SearchConfig(population=3, niches=3)
+    with pytest.raises(UsageError, match=r"hall_of_fame .* \(2\), got 2; lower it or raise --population"):
+        SearchConfig(population=2, hall_of_fame=2)
