@@ -123,6 +123,13 @@ def register_champion(source: str, name: str, provenance: dict[str, Any], *, cal
     return client.get_model_version(name, version)
 
 
+def _task_flags(task) -> str:
+    """The flags that name ``task`` on the command line: a reference file's path, or a seed's name."""
+    if task.name == "reference" and getattr(task, "path", None):
+        return f"--reference {task.path} --entry {task.entry}"
+    return f"--seed {task.name}"
+
+
 def champion_header(*, name: str, run_id: str, individual_id: str, lineage: list[str], task, result,
                     tunables: dict[str, int], run_link: str | None) -> str:
     """The promoted kernel's module docstring: what it is, its figures, the inputs it was judged
@@ -153,7 +160,7 @@ def champion_header(*, name: str, run_id: str, individual_id: str, lineage: list
         "The inputs it was judged on",
         *specs,
         "    Other shapes and dtypes may compile but were not judged: check them with",
-        f"    'evolve eval THIS_FILE --seed {task.name} --shape ...' before relying on them.",
+        f"    'evolve eval THIS_FILE {_task_flags(task)} --shape ...' before relying on them.",
         "",
         "How to call it",
         "    On a TPU:",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -154,6 +155,8 @@ class PromoteCommand(Command):
         from mlflow_runs import (call_spec, champion_header, ensure_store, example_inputs, individual_run,
                                  register_champion, run_link, with_docstring)
         from mutations import read_tunables
+        from mutations._base import parse
+        from mutations.tuning.discovery import discover
 
         archive = archive_at(args.data_dir)
         meta = run_meta(archive, args.run)
@@ -170,13 +173,16 @@ class PromoteCommand(Command):
             print(f"evolve: champion {champion_id} no longer passes the judge: {result.status.value}: "
                   f"{result.error}", file=sys.stderr)
             return 1
-        name = args.name or f"{task.name}_{config.judge.chip}"
+        # a reference file's task by its file's name (reference_name: the key's first part), not "reference"
+        name = args.name or re.sub(r"[^A-Za-z0-9_.-]", "_", f"{task.key.split('/')[0]}_{config.judge.chip}")
         found = individual_run(args.data_dir, args.run, champion_id)
         link = f"http://127.0.0.1:5000/#/experiments/{found[0]}/runs/{found[1]}" if found else None
         tunables = read_tunables(source)
+        found_tunables = {t.name: t.value for t in discover(parse(source), task).values() if len(t.legal) > 1}
         header = champion_header(name=name, run_id=args.run, individual_id=champion_id,
                                  lineage=[edit_label(r) for r in chain[1:]], task=task, result=result,
-                                 tunables=tunables, run_link=link + " (with 'evolve ui')" if link else None)
+                                 tunables={**found_tunables, **tunables},
+                                 run_link=link + " (with 'evolve ui')" if link else None)
         promoted = with_docstring(source, header)
         out = Path(args.to or f"champion-{args.run}.py")
         out.write_text(promoted)

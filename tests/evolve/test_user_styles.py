@@ -6,6 +6,7 @@ alone and breeds kernels that pass."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -153,3 +154,13 @@ def test_a_users_kernel_is_judged_and_evolved_from_its_reference_file_alone(tmp_
     rows = [row for f in (tmp_path / "data").rglob("*.parquet") for row in pq.read_table(f).to_pylist()]
     moved = [row for row in rows if row["status"] == "PASS" and tunable in _moved(row["edits"])]
     assert moved, [(row["edits"], row["status"], row["error"]) for row in rows]
+    if style == "functools_partial":
+        # promoted under the reference file's name, its docstring naming the tunables it found and
+        # the command that checks it at other shapes (the reference file, not a seed)
+        run_id = re.search(r"evolve promote (\S+)", r.stdout).group(1)
+        r = evolve("promote", run_id, "--to", "champion.py", "--data-dir", str(tmp_path / "data"), cwd=tmp_path)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert f"registered as models:/{tmp_path.name}_v5e@champion" in r.stdout, r.stdout
+        text = (tmp_path / "champion.py").read_text()
+        assert f"--reference {tmp_path / 'reference.py'} --entry" in text and "--seed reference" not in text
+        assert "tunables: none" not in text and "rows=" in text, text[:3000]
