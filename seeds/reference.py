@@ -138,7 +138,7 @@ def kernel_entry(kernel_source: str, arity: int, given: str | None = None, prefe
     try:
         tree = ast.parse(kernel_source)
     except SyntaxError as exc:
-        raise ReferenceError(f"the kernel is not Python (line {exc.lineno})") from None
+        raise ReferenceError(f"the kernel is not Python: {exc.msg} (line {exc.lineno}); fix it and run again") from None
     functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
     assigned = {t.id for n in tree.body if isinstance(n, ast.Assign)
                 for t in n.targets if isinstance(t, ast.Name)}
@@ -215,7 +215,8 @@ class Task(SeedTask):
         try:
             compile(source, str(path), "exec")
         except (SyntaxError, ValueError) as exc:
-            raise ReferenceError(f"reference file {path} is not Python (line {getattr(exc, 'lineno', '?')})") from None
+            raise ReferenceError(f"reference file {path} is not Python: {getattr(exc, 'msg', exc)} "
+                                 f"(line {getattr(exc, 'lineno', '?')})") from None
         profile = profile_of(source, str(path), shape or "")
         arity = len(json.loads(profile)["inputs"])
         prefer = None

@@ -185,8 +185,8 @@ class EvalCommand(Command):
             compile(source, start.path, "exec")
         except (SyntaxError, ValueError) as exc:
             where = f" (line {exc.lineno})" if getattr(exc, "lineno", None) else ""
-            raise UsageError(f"{shown} is not Python{where}; give the path of a Python file that "
-                             f"{wanted}") from None
+            raise UsageError(f"{shown} is not Python: {getattr(exc, 'msg', exc)}{where}; give the path of a "
+                             f"Python file that {wanted}") from None
         check_tiling(source, task)
         static = args.timing in (None, "auto") or args.timing.startswith("compiler_estimate")
         if args.estimate_only and not static:

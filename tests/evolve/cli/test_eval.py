@@ -67,6 +67,16 @@ def test_eval_table_names_its_timing_source():
     (["frobnicate"], "invalid choice"),
 ])
 def test_bad_arguments_get_one_line_and_exit_2(args, fragment):
+    _one_line_exit_2(args, fragment)
+
+
+@pytest.mark.parametrize("reference", [[], ["--reference", str(ROOT / "examples/reference_matmul/reference.py")]])
+def test_a_kernel_that_is_not_python_is_told_its_error_and_line(tmp_path, reference):
+    (tmp_path / "k.py").write_text("import jax\ndef f(x:\n    return x\n")
+    _one_line_exit_2(["eval", str(tmp_path / "k.py"), *reference], "not Python: '(' was never closed (line 2)")
+
+
+def _one_line_exit_2(args, fragment):
     r = evolve(*args)
     assert r.returncode == 2
     assert r.stdout == ""
