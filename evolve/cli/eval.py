@@ -72,6 +72,25 @@ def check_tiling(source: str, task) -> None:
         raise UsageError(problem)
 
 
+def tiling_hint(source: str, task) -> str | None:
+    """Why a kernel may have failed at this shape: a block size it holds (found by discovery) that
+    does not divide a dimension it tiles, so a grid of floor divisions leaves rows unwritten. Said
+    after a FAIL_CORRECTNESS, never a refusal (a kernel may pad or mask its last block)."""
+    from mutations._base import parse
+    from mutations.tuning.discovery import discover
+
+    try:
+        tunables = discover(parse(source), task).values()
+    except Exception:  # noqa: BLE001 - a hint, never a second failure
+        return None
+    for t in tunables:
+        size = next((n for n in t.sizes if t.value < n and n % t.value), None)
+        if size is not None:
+            return (f"hint: the kernel's {t.name}={t.value} does not divide {size}, a dimension it tiles at "
+                    f"this shape; use a shape it divides, or a {t.name} that does ({', '.join(map(str, t.legal))})")
+    return None
+
+
 def format_table(result: EvalResult, path: str, task) -> str:
     d = result.to_dict()
     m = result.metrics
@@ -209,6 +228,9 @@ class EvalCommand(Command):
             print_json({**result.to_dict(), "start": start.record()}, indent=None)
         else:
             print(format_table(result, shown, task))
+        hint = tiling_hint(source, task) if result.status.value == "FAIL_CORRECTNESS" else None
+        if hint:
+            print(hint, file=sys.stderr)
         if result.status.value == "CRASH" and "signal" in (result.error or "") and result.stage == "compile":
             gib = judge.config.limits.memory_bytes >> 30
             print(f"note: a compile that outgrows the judged child's {gib} GiB of address space dies this "

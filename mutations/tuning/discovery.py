@@ -46,6 +46,7 @@ class Tunable:
     literals: tuple[cst.Integer, ...]
     legal: tuple[int, ...]
     declared: bool = False      # its values come from the module's TUNE dict
+    sizes: tuple[int, ...] = ()  # the dimensions it tiles at this task
 
 
 def sublanes(dtype: str) -> int:
@@ -382,7 +383,8 @@ def _discover(module: cst.Module, entry: str | None, specs: tuple, out: tuple | 
         else:
             sets = [set(legal_tiles(size, end, dtype)) for size, end, dtype in dims[name]]
             legal = sorted(set.intersection(*sets))
-        found[name] = Tunable(name, value, tuple(nodes), tuple(legal), name in declared)
+        sizes = tuple(sorted({size for size, _, _ in dims.get(name, [])}))
+        found[name] = Tunable(name, value, tuple(nodes), tuple(legal), name in declared, sizes)
     return found
 
 

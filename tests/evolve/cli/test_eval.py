@@ -113,3 +113,41 @@ def test_estimate_only_refuses_a_measured_timing_source():
                "--start", "jax.experimental.pallas.ops.tpu.matmul")
     assert r.returncode == 2 and "--estimate-only reads the compiler's estimate" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+DOUBLE_REF = """
+import jax, jax.numpy as jnp
+
+def create_inputs(R=64):
+    return (jax.random.normal(jax.random.key(0), (R, 128), jnp.float32),)
+
+def workload(x):
+    return x * 2
+"""
+
+DOUBLE = """
+import jax
+from jax.experimental import pallas as pl
+
+BLOCK = 16
+
+def _kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...] * 2
+
+def double(x):
+    r, c = x.shape
+    return pl.pallas_call(_kernel, grid=(r // BLOCK,), in_specs=[pl.BlockSpec((BLOCK, c), lambda i: (i, 0))],
+                          out_specs=pl.BlockSpec((BLOCK, c), lambda i: (i, 0)),
+                          out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+"""
+
+
+def test_a_block_that_does_not_divide_the_shape_is_named_after_the_failure(tmp_path):
+    (tmp_path / "reference.py").write_text(DOUBLE_REF)
+    (tmp_path / "kernel.py").write_text(DOUBLE)
+    r = evolve("eval", "kernel.py", "--reference", "reference.py", "--shape", "R=40", cwd=tmp_path)
+    assert r.returncode == 1 and "FAIL_CORRECTNESS" in r.stdout, (r.stdout, r.stderr)
+    assert "hint: the kernel's BLOCK=16 does not divide 40, a dimension it tiles at this shape; use a shape it " \
+           "divides, or a BLOCK that does (8, 40)" in r.stderr, r.stderr
+    r = evolve("eval", "kernel.py", "--reference", "reference.py", cwd=tmp_path)       # R=64: it divides
+    assert r.returncode == 0 and "hint" not in r.stderr, (r.stdout, r.stderr)
