@@ -126,7 +126,10 @@ class _Plan:
         w = self.wrapper.name.value
         entry = getattr(task, "entry", None)
         self.entry = C.module_function(module, entry or "")
-        if self.entry is None or self.entry is self.wrapper:
+        if self.entry is self.wrapper:
+            raise NotApplicable(f"no epilogue to move: the entry {w}() is the kernel's wrapper and returns "
+                                "the pallas_call's output as it is (the epilogue must follow the wrapper in the entry)")
+        if self.entry is None:
             raise NotApplicable(f"the epilogue must follow the kernel's wrapper {w}() in the entry; "
                                 f"the entry is {entry or 'not named'}")
         uses = [n for n in walk(module) if isinstance(n, cst.Name) and n.value == w]
