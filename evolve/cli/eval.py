@@ -99,7 +99,7 @@ def format_table(result: EvalResult, path: str, task) -> str:
         return "-" if value is None else f"{value * scale:.{digits}g}{unit}"
 
     rows = [
-        ("kernel", path), ("task", task.key),
+        ("kernel", path), ("entry", getattr(task, "entry", None) or "-"), ("task", task.key),
         ("status", d["status"]), ("error", d["error"] or "-"),
         ("timing source", f"{d['timing_source']} (chip {d['chip']}, libtpu {d['libtpu_version']}, "
                           f"jax {d['jax_version']})"),
@@ -225,7 +225,8 @@ class EvalCommand(Command):
             raise UsageError(f"the kernel and the reference file's workload disagree: {result.error}; "
                              "make workload return what the kernel does")
         if args.format == "json":
-            print_json({**result.to_dict(), "start": start.record()}, indent=None)
+            print_json({**result.to_dict(), "entry": getattr(task, "entry", None), "start": start.record()},
+                       indent=None)
         else:
             print(format_table(result, shown, task))
         hint = tiling_hint(source, task) if result.status.value == "FAIL_CORRECTNESS" else None

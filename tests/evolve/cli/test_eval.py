@@ -151,3 +151,4 @@ def test_a_block_that_does_not_divide_the_shape_is_named_after_the_failure(tmp_p
            "divides, or a BLOCK that does (8, 40)" in r.stderr, r.stderr
     r = evolve("eval", "kernel.py", "--reference", "reference.py", cwd=tmp_path)       # R=64: it divides
     assert r.returncode == 0 and "hint" not in r.stderr, (r.stdout, r.stderr)
+    assert [line.split() for line in r.stdout.splitlines() if line.startswith("entry ")] == [["entry", "double"]]
