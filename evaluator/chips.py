@@ -39,3 +39,14 @@ def get_chip(name: str) -> Chip:
         return CHIPS[name]
     except KeyError:
         raise ValueError(f"unknown chip {name!r}; choose one of: {', '.join(CHIPS)}") from None
+
+
+def answer_cpu_as(device_kind: str) -> None:
+    """Off a TPU host, Pallas' table of a chip's sizes answers for the CPU device as for the chip
+    of ``device_kind`` (the chip judged): what ``pltpu.emit_pipeline`` reads at trace time, and
+    what some ops' lowering asks of the default device ("Unsupported TPU device kind: cpu")."""
+    from jax._src.pallas.mosaic import tpu_info
+
+    version = tpu_info.chip_version_from_device_kind(device_kind)
+    if version is not None:
+        tpu_info.registry.setdefault("cpu", lambda: tpu_info.get_tpu_info_for_chip(version, 1))

@@ -66,11 +66,9 @@ def _judged_chip(jax, kind: str | None) -> None:
     table of the chip's sizes, which ``pltpu.emit_pipeline`` reads at trace time for its tiling."""
     if not kind:
         return
-    from jax._src.pallas.mosaic import tpu_info
+    from evaluator.chips import answer_cpu_as
 
-    version = tpu_info.chip_version_from_device_kind(kind)
-    if version is not None:
-        tpu_info.registry.setdefault("cpu", lambda: tpu_info.get_tpu_info_for_chip(version, 1))
+    answer_cpu_as(kind)
     real = jax.devices
 
     def devices(backend=None):
