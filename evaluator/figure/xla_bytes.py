@@ -9,7 +9,7 @@ rmsnorm's input or a decode matmul's weights), the analysis charges the copy thr
 array (the source read, and both arrays of the start's tuple: the destination and the source it
 aliases), the ``copy-done`` once more (it only waits), and each read of the staged copy as if
 from HBM: five times the array for one read of it from HBM. Measured on rmsnorm's XLA program at
-8192 x 4096 bf16 (v5e): 469,946,880 bytes charged, 201,334,784 moved through HBM (x read twice:
+8192 x 4096 bf16 (v5e): 469,946,880 bytes charged, 201,347,580 moved through HBM (x read twice:
 by the reduction and by the copy; the output written once), which put the program's figure at
 2.33x its own HBM floor (``scripts/xla_hbm_bytes.py`` prints both for any seed).
 
@@ -20,6 +20,14 @@ operand and result of an op; a ``copy-start``'s aliased source and a destination
 are left alone: Pallas kernels (``custom-call``: their traffic is the judge's own model),
 parameters, tuples, bitcasts, and ops that call other computations (loops, branches, calls).
 Nothing here can raise the figure: it only removes bytes that never cross HBM.
+
+Nor can it be steered below what the program's ops read and write in HBM. Subtracting a staged
+array whole from an op that reads a slice of it would take out more than the analysis charged,
+and a program that stages one array and reads slices of it in many ops could cancel its other,
+real traffic. So the figure is never below :func:`resident`: each top-level op's operands and
+results that are in HBM, counted whole (a copy its HBM source and destination), capped at the
+analysis's own figure (whole operands over-count a slice read of an HBM array, and no figure is
+raised).
 """
 
 from __future__ import annotations
@@ -51,32 +59,53 @@ def _off_hbm(hlo_type: str) -> int:
 
 def overcharge(hlo_text: str) -> int:
     """Bytes XLA's cost analysis charges the entry computation for buffers that never cross HBM."""
-    if "\nENTRY " not in hlo_text:
-        return 0
-    body = hlo_text.split("\nENTRY ", 1)[1].split("\n}", 1)[0]
-    types: dict[str, str] = {}
     total = 0
-    for line in body.splitlines()[1:]:
-        m = _OP.match(line)
-        if not m:
-            continue
-        name, result, op, args = m.groups()
-        types[name] = result
+    for op, result, operands in _ops(hlo_text):
         if op in _SKIP:
             continue
         if op == "copy-start":
             parts = arrays(result)           # (destination, the source it aliases, a context)
             if len(parts) >= 2:
                 total += parts[1][0] + sum(size for size, in_hbm in (parts[0], *parts[2:]) if not in_hbm)
-            continue
-        if op == "copy-done":
+        elif op == "copy-done":
             total += _off_hbm(result)
+        else:
+            total += sum(_off_hbm(t) for t in operands) + _off_hbm(result)
+    return total
+
+
+def _ops(hlo_text: str):
+    """``(op, result type, operand types)`` of each instruction of the entry computation."""
+    if "\nENTRY " not in hlo_text:
+        return
+    body = hlo_text.split("\nENTRY ", 1)[1].split("\n}", 1)[0]
+    types: dict[str, str] = {}
+    for line in body.splitlines()[1:]:
+        m = _OP.match(line)
+        if m:
+            name, result, op, args = m.groups()
+            types[name] = result
+            yield op, result, [types.get(a.strip().split(" ")[-1], "") for a in args.split(",") if "%" in a]
+
+
+def resident(hlo_text: str) -> int:
+    """The entry computation's top-level ops' operands and results in HBM, each counted whole; a
+    copy counts its source and its destination where they are in HBM; what :data:`_SKIP` names and
+    a copy-done count nothing."""
+    total = 0
+    for op, result, operands in _ops(hlo_text):
+        if op in _SKIP or op == "copy-done":
             continue
-        operands = [types.get(a.strip().split(" ")[-1], "") for a in args.split(",") if "%" in a]
-        total += sum(_off_hbm(t) for t in operands) + _off_hbm(result)
+        if op == "copy-start":
+            parts = arrays(result)
+            total += sum(size for size, in_hbm in (arrays(operands[0]) if operands else []) if in_hbm)
+            total += parts[0][0] if parts and parts[0][1] else 0
+            continue
+        total += sum(size for t in (*operands, result) for size, in_hbm in arrays(t) if in_hbm)
     return total
 
 
 def xla_hbm_bytes(bytes_accessed: int, hlo_text: str) -> int:
-    """The program's own ops' HBM bytes: the cost analysis's figure less :func:`overcharge`."""
-    return max(0, bytes_accessed - overcharge(hlo_text))
+    """The program's own ops' HBM bytes: the cost analysis's figure less :func:`overcharge`, never
+    below :func:`resident` (itself capped at the analysis's figure)."""
+    return max(bytes_accessed - overcharge(hlo_text), min(resident(hlo_text), bytes_accessed), 0)
