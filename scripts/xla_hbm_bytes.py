@@ -15,24 +15,23 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from evaluator.chips import get_chip  # noqa: E402
-from evaluator.figure.xla_bytes import arrays, xla_hbm_bytes  # noqa: E402
+from evaluator.figure.xla_bytes import _ops, arrays, xla_hbm_bytes  # noqa: E402
 from seeds import load_seed  # noqa: E402
 
 
 def staged(hlo: str) -> list[str]:
-    """Each ``copy-start`` whose destination is not in HBM, with its size."""
+    """Each ``copy-start`` whose destination is not in HBM, with its size (the judge's own parse)."""
     out = []
-    for line in hlo.splitlines():
-        m = re.match(r"\s*(%[\w.\-]+) = (\(.*?\)) copy-start\(", line)
-        if m and arrays(m.group(2)) and not arrays(m.group(2))[0][1]:
-            out.append(f"{m.group(1)}: {arrays(m.group(2))[0][0]:,} bytes copied into VMEM")
+    for op, result, operands in _ops(hlo):
+        destination = arrays(result)[:1]
+        if op == "copy-start" and destination and not destination[0][1]:
+            out.append(f"{destination[0][0]:,} bytes of {operands[0].split('{')[0]} copied into VMEM")
     return out
 
 
