@@ -251,6 +251,10 @@ def main(request_path: str) -> int:
         import jax.numpy as jnp
         from jax.sharding import SingleDeviceSharding
 
+        from evaluator.correctness import interpret
+
+        interpret.set_cores(req.get("tensorcores", 1))     # the check runs the grid as the chip's cores do
+
         count = False      # loops and branches on data to count (a candidate's, set below)
         if req["mode"] == "reference":
             from seeds import task_from_source

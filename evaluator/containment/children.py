@@ -156,6 +156,8 @@ class Children:
         request = {"mode": mode, "program": program, "task": task.fields(), "task_source": task_source(task),
                    "specs": task.input_specs(), "input_names": list(task.input_names),
                    "topology": self.chip.topology, "on_tpu": self.on_tpu, "inputs": input_dirs,
+                   # a chip of two TensorCores: the check splits "parallel" axes between them
+                   "tensorcores": self.chip.tensorcores,
                    # whose values data-dependent index maps are evaluated on (the HBM traffic model)
                    "timing_input": timing_input,
                    "out_dir": str(private), "timing": self.timing.worker_request(),

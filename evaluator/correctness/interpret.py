@@ -52,9 +52,19 @@ from jax import lax
 from jax._src import core as jcore
 from jax._src.pallas import core as pallas_core
 from jax._src.pallas import hlo_interpreter as hlo
-from jax._src.pallas import primitives
+
+from evaluator.correctness import chip_memory
+from evaluator.correctness.chip_memory import poison
 
 _PATCHED = "pallas_call_hlo_interpret"
+# TensorCores per chip of the chip judged (``set_cores``): a chip of two splits "parallel" axes.
+_CORES = [1]
+
+
+def set_cores(cores: int) -> None:
+    """The judged chip's TensorCores per chip (``evaluator.chips``), for every grid loop of this
+    process: the trusted runner judges one chip."""
+    _CORES[0] = int(cores)
 
 
 def _written(jaxpr: jcore.Jaxpr, first: int, count: int) -> list[bool]:
@@ -72,7 +82,7 @@ def grid_loop(*args, jaxpr, debug, input_output_aliases, grid_mapping, mesh, com
     kernel_consts) -> (kernel, kernel_consts, counter, facts)``; ``counter.zeros()`` is a count
     vector and ``counter.eval(kernel, consts, args) -> (results, delta)`` runs one grid step. Then
     ``(outputs, counts summed over the grid, facts)`` is returned."""
-    del debug, mesh, compiler_params, cost_estimate, out_avals, metadata, name
+    del debug, mesh, cost_estimate, out_avals, metadata, name
     dynamic, args = args[:grid_mapping.num_dynamic_grid_bounds], args[grid_mapping.num_dynamic_grid_bounds:]
     bounds = iter(dynamic)
     grid = tuple(next(bounds) if isinstance(d, pallas_core.DynamicGridDim) else d for d in grid_mapping.grid)
@@ -88,9 +98,9 @@ def grid_loop(*args, jaxpr, debug, input_output_aliases, grid_mapping, mesh, com
         if any(p != (0, 0) for p in padding):
             if input_output_aliases:
                 raise NotImplementedError("Padding with aliasing not supported.")
-            x = lax.pad(x, primitives.uninitialized_value(shape=(), dtype=x.dtype), [(*p, 0) for p in padding])
+            x = lax.pad(x, poison((), x.dtype), [(*p, 0) for p in padding])
         operands[k] = hlo._pad_to_block_dimension(x, shapes[k])
-    scratch = [primitives.uninitialized_value(a.shape, a.dtype) for a in scratch_avals]
+    semaphores = [_is_semaphore_ref(v.aval) for v in jaxpr.invars[grid_mapping.slice_scratch_ops]]
     counter = facts = None
     if count is not None:
         kernel, kernel_consts, counter, facts = count(jaxpr, grid_mapping, kernel, kernel_consts)
@@ -103,57 +113,79 @@ def grid_loop(*args, jaxpr, debug, input_output_aliases, grid_mapping, mesh, com
              if written[k] and _pipelined(mappings[k]) and not (k >= n_in and _restored(mappings[k]))}
     carried = [k for k in range(len(operands)) if written[k]]       # outputs and written inputs
     fixed = {k: operands[k] for k in range(len(operands)) if not written[k]}
-    steps = functools.reduce(lambda a, b: a * b, grid, 1) if grid else 1
     # Scalar-prefetch operands live in SMEM for the whole grid on the chip: a value the kernel
     # writes there is what the next step reads (ragged paged attention hands the sequence it
     # stopped at to the next step that way). Pallas' loop drops such writes; ours carries them.
     keep_scalars = any(_written(kernel, 0, len(scalars)))
 
-    def body(state):
-        i, index, counts, last, *rest = state
-        if keep_scalars:
-            scalars_now, rest = rest[:len(scalars)], rest[len(scalars):]
-        else:
-            scalars_now = scalars
-        held, held_scratch = rest[:len(carried)], rest[len(carried):]
-        arrays = dict(fixed) | dict(zip(carried, held, strict=True))
-        if grid_mapping.local_grid_env is not None:
-            env = grid_mapping.local_grid_env(index, grid)
-        else:
-            env = tuple(pallas_core.GridAxis(ix, b) for d, (ix, b) in enumerate(zip(index, grid))
-                        if d not in grid_mapping.vmapped_dims)
-        with pallas_core.grid_env(env):
-            for s in scalars:
-                if isinstance(s.dtype, jcore.bint):
-                    s.aval = jcore.typeof(s).update(dtype=jnp.int32)
-            starts = [bm.compute_start_indices_interpret(index, *scalars_now) for bm in mappings]
-        blocks = [hlo._dynamic_slice(starts[k], shapes[k], arrays[k], squeezed[k]) for k in range(len(operands))]
-        now = {k: _index(starts[k]) for k in fresh}
-        for k, kind in fresh.items():        # a new block index: the TPU's buffer, not the array
-            moved = (i == 0) | jnp.any(now[k] != last[k])
-            new = hlo._dynamic_slice(starts[k], shapes[k], operands[k], squeezed[k]) if kind == "input" \
-                else primitives.uninitialized_value(blocks[k].shape, blocks[k].dtype)
-            blocks[k] = jnp.where(moved, new, blocks[k])
-        last = now
-        with pallas_core.grid_env(env):
-            if counter is None:
-                result = jcore.eval_jaxpr(kernel, kernel_consts, *scalars_now, *blocks, *held_scratch)
+    def walk(held_start, share, offset, counting):
+        """One core's walk of its share of the grid (``share``: the grid's extents, ``offset``: the
+        share's first index on each axis), from ``held_start`` (the carried arrays) with fresh
+        scratch, fresh blocks at its first step and the scalars as the grid started with them."""
+        def body(state):
+            i, local, counts, last, *rest = state
+            index = tuple(ix + o for ix, o in zip(local, offset, strict=True))
+            if keep_scalars:
+                scalars_now, rest = rest[:len(scalars)], rest[len(scalars):]
             else:
-                result, delta = counter.eval(kernel, kernel_consts, [*scalars_now, *blocks, *held_scratch])
-                counts = counts + delta
-        new_blocks = result[first:first + len(operands)]
-        new_scratch = result[first + len(operands):]
-        new_held = [hlo._dynamic_update_slice(starts[k], shapes[k], arrays[k], new_blocks[k], squeezed[k])
-                    for k in carried]
-        kept = list(result[:first]) if keep_scalars else []
-        return (i + 1, hlo._get_next_indices(grid, index), counts, last, *kept, *new_held, *new_scratch)
+                scalars_now = scalars
+            held, held_scratch = rest[:len(carried)], rest[len(carried):]
+            arrays = dict(fixed) | dict(zip(carried, held, strict=True))
+            if grid_mapping.local_grid_env is not None:
+                env = grid_mapping.local_grid_env(index, grid)
+            else:
+                env = tuple(pallas_core.GridAxis(ix, b) for d, (ix, b) in enumerate(zip(index, grid))
+                            if d not in grid_mapping.vmapped_dims)
+            with pallas_core.grid_env(env):
+                for s in scalars:
+                    if isinstance(s.dtype, jcore.bint):
+                        s.aval = jcore.typeof(s).update(dtype=jnp.int32)
+                starts = [bm.compute_start_indices_interpret(index, *scalars_now) for bm in mappings]
+            blocks = [hlo._dynamic_slice(starts[k], shapes[k], arrays[k], squeezed[k]) for k in range(len(operands))]
+            now = {k: _index(starts[k]) for k in fresh}
+            for k, kind in fresh.items():        # a new block index: the TPU's buffer, not the array
+                moved = (i == 0) | jnp.any(now[k] != last[k])
+                new = hlo._dynamic_slice(starts[k], shapes[k], operands[k], squeezed[k]) if kind == "input" \
+                    else poison(blocks[k].shape, blocks[k].dtype)
+                blocks[k] = jnp.where(moved, new, blocks[k])
+            last = now
+            with pallas_core.grid_env(env):
+                if not counting:
+                    result = jcore.eval_jaxpr(kernel, kernel_consts, *scalars_now, *blocks, *held_scratch)
+                else:
+                    result, delta = counter.eval(kernel, kernel_consts, [*scalars_now, *blocks, *held_scratch])
+                    counts = counts + delta
+            new_blocks = result[first:first + len(operands)]
+            new_scratch = result[first + len(operands):]
+            new_held = [hlo._dynamic_update_slice(starts[k], shapes[k], arrays[k], new_blocks[k], squeezed[k])
+                        for k in carried]
+            kept = list(result[:first]) if keep_scalars else []
+            return (i + 1, hlo._get_next_indices(share, local), counts, last, *kept, *new_held, *new_scratch)
 
-    zero = counter.zeros() if counter is not None else jnp.zeros((0,), jnp.int32)
-    last = {k: jnp.zeros((len(shapes[k]),), jnp.int32) for k in fresh}
-    start = (jnp.int32(0), (jnp.int32(0),) * len(grid), zero, last, *(scalars if keep_scalars else ()),
-             *[operands[k] for k in carried], *scratch)
-    _, _, counts, _, *final = lax.while_loop(lambda state: state[0] < steps, body, start)
-    final = final[len(scalars):] if keep_scalars else final
+        zero = counter.zeros() if counting else jnp.zeros((0,), jnp.int32)
+        last = {k: jnp.zeros((len(shapes[k]),), jnp.int32) for k in fresh}
+        steps = functools.reduce(lambda a, b: a * b, share, 1) if share else 1
+        start = (jnp.int32(0), (jnp.int32(0),) * len(grid), zero, last, *(scalars if keep_scalars else ()),
+                 *held_start, *fresh_scratch())
+        _, _, counts, _, *final = lax.while_loop(lambda state: state[0] < steps, body, start)
+        final = final[len(scalars):] if keep_scalars else final
+        return counts, final[:len(carried)]
+
+    def fresh_scratch():
+        return [jnp.zeros(a.shape, pallas_core.SEMAPHORE_INTERPRET_DTYPE) if sem else poison(a.shape, a.dtype)
+                for a, sem in zip(scratch_avals, semaphores, strict=True)]
+
+    initial = [operands[k] for k in carried]
+    origin = (0,) * len(grid)
+    counts, final = walk(initial, tuple(grid), origin, counter is not None)
+    # Two TensorCores: each "parallel" axis checked as split between them (core_split below).
+    for axis in _split_axes(compiler_params, grid) if _CORES[0] > 1 else ():
+        half = (grid[axis] + 1) // 2
+        second = tuple(g - half if d == axis else g for d, g in enumerate(grid))
+        first_share = tuple(half if d == axis else g for d, g in enumerate(grid))
+        _, split = walk(initial, second, tuple(half if d == axis else 0 for d in range(len(grid))), False)
+        _, split = walk(split, first_share, origin, False)
+        final = [_agreed(a, b) for a, b in zip(final, split, strict=True)]
     final_outs = final[len(carried) - len(outs):len(carried)]
     result = []
     for o, bm in zip(final_outs, grid_mapping.block_mappings_output, strict=True):
@@ -167,6 +199,36 @@ def grid_loop(*args, jaxpr, debug, input_output_aliases, grid_mapping, mesh, com
     if counter is not None:
         return result, counts, facts
     return result
+
+
+def _split_axes(compiler_params, grid) -> list[int]:
+    """The grid axes a chip of two TensorCores may split between its cores: those marked
+    ``"parallel"`` or ``"core_parallel"``, of a static extent of at least 2."""
+    params = compiler_params.get("mosaic_tpu") if isinstance(compiler_params, dict) else compiler_params
+    semantics = getattr(params, "dimension_semantics", None) or ()
+    names = [str(getattr(x, "value", x)).lower() for x in semantics]
+    return [d for d, name in enumerate(names) if name in ("parallel", "core_parallel")
+            and d < len(grid) and isinstance(grid[d], int) and grid[d] >= 2]
+
+
+def _agreed(a, b):
+    """``a`` where ``b`` holds the same bits, poison elsewhere: what is written depends on which
+    core ran which share, or in which order the cores wrote back, is not the kernel's answer."""
+    if a.dtype == jnp.bool_:
+        same = a == b
+    else:
+        carrier = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}[a.dtype.itemsize]
+        same = lax.bitcast_convert_type(a, carrier) == lax.bitcast_convert_type(b, carrier)
+    return jnp.where(same, a, poison(a.shape, a.dtype))
+
+
+def _is_semaphore_ref(aval) -> bool:
+    """Whether a kernel's scratch operand is a semaphore (a TPU semaphore starts at 0)."""
+    inner = getattr(aval, "inner_aval", aval)
+    try:
+        return jnp.issubdtype(inner.dtype, pallas_core.semaphore_dtype)
+    except TypeError:
+        return False
 
 
 def _index(starts) -> jnp.ndarray:
@@ -196,7 +258,7 @@ def installed() -> Iterator[None]:
                            "pinned one (pyproject.toml); reinstall with scripts/test.sh")
     setattr(hlo, _PATCHED, grid_loop)
     try:
-        with scalar_literals():
+        with scalar_literals(), chip_memory.installed():
             yield
     finally:
         setattr(hlo, _PATCHED, original)
