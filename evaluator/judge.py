@@ -285,7 +285,8 @@ class Judge:
                 worst = (max(worst[0], cmp.max_abs_error or 0.0), max(worst[1], cmp.max_rel_error or 0.0),
                          max(worst[2], cmp.baseline_abs_error or 0.0))
                 if not cmp.ok:
-                    return EvalResult(Status.FAIL_CORRECTNESS, error=cmp.error, stage="correctness",
+                    return EvalResult(Status.FAIL_CORRECTNESS, error=cmp.error + _dots_named(data),
+                                      stage="correctness",
                                       metrics=dataclasses.replace(
                                           metrics, max_abs_error=cmp.max_abs_error,
                                           max_rel_error=cmp.max_rel_error,
@@ -325,3 +326,14 @@ class Judge:
                 f"{roof.roofline_latency_s:.3e} s for this task on {self.chip.name}"))
         error = "" if reference.latency_s else reference.error
         return EvalResult(Status.PASS, error=error, stage="metrics", metrics=metrics, provenance=prov)
+
+
+def _dots_named(data: dict) -> str:
+    """What a correctness failure adds where the program holds f32 dots the TPU computes in bf16
+    passes (``evaluator/correctness/precision.py``): the check computed them so too."""
+    dots = data.get("audit", {}).get("reduced_dots") or []
+    if not dots:
+        return ""
+    return (f"; the check computes f32 dots as the TPU's MXU does, and {len(dots)} dot(s) here run in bf16 "
+            f"passes: {'; '.join(dots[:2])}; state precision=jax.lax.Precision.HIGHEST on a dot whose "
+            "f32 result you need")

@@ -197,6 +197,13 @@ def _count_trips(closed, counting, counted_sets, device, specs) -> dict:
                                lambda choice: jax.jit(trips.variant_program(closed, choice)).lower(*args).compile())
 
 
+def _reduced_dots(closed) -> list[str]:
+    """The program's f32 dots the TPU computes in bf16 passes, described (``precision.py``)."""
+    from evaluator.correctness import precision
+
+    return precision.reduced_dots(closed.jaxpr)[:8]
+
+
 def _lower_for_the_chip(req: dict) -> None:
     """Pallas asks the default device which TPU it lowers for when some ops need it (``sign``,
     which floor division lowers through; ragged paged attention has it). Off a TPU host that
@@ -254,6 +261,10 @@ def main(request_path: str) -> int:
         from evaluator.correctness import interpret
 
         interpret.set_cores(req.get("tensorcores", 1))     # the check runs the grid as the chip's cores do
+        if not req["on_tpu"]:       # and computes every dot as the chip's MXU does (precision.py)
+            from evaluator.correctness import precision
+
+            precision.install()
 
         count = False      # loops and branches on data to count (a candidate's, set below)
         if req["mode"] == "reference":
@@ -276,7 +287,9 @@ def main(request_path: str) -> int:
             reporter.send(event="stage_ok", stage=stage,
                           data={"findings": [f.__dict__ for f in findings],
                                 "lower_time_s": time.perf_counter() - t0, "constant_bytes": held.data_bytes,
-                                "constant_computed_bytes": held.computed_bytes})
+                                "constant_computed_bytes": held.computed_bytes,
+                                # f32 dots the MXU computes in bf16 passes (and so does the check)
+                                "reduced_dots": _reduced_dots(closed)})
             fatal = [f for f in findings if f.construct in set(req["refuse"])]
             if fatal:
                 raise Refused("; ".join(f"{f.construct} in {f.where}: {f.detail}" for f in fatal))
