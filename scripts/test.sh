@@ -9,4 +9,4 @@ if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get 
     apt-get install -y -q chromium >/dev/null 2>&1; }) || echo "note: could not install chromium; the UI test will be skipped" >&2
 fi
 .venv/bin/ruff check evolve mutations seeds evaluator archive mlflow_runs tests examples scripts
-exec .venv/bin/python -m pytest -q "$@"
+exec .venv/bin/python -m pytest -q --durations=25 "$@"
