@@ -30,6 +30,54 @@ BUILTIN_DIR = Path(__file__).resolve().parent
 FILES = ("task.py", "kernel.py")
 
 
+# The ``wide`` input set: the timing input's draw (its public seed repeats the first set's, so a
+# judge draws it with the same secret seed: the same integers, so the same work where the work
+# follows the data) with its floats scaled far past the example's spread, by a factor drawn
+# log-uniform in this range from the seed. A kernel whose numerics hold only near the example's
+# scale (a softmax without its max subtracted overflows past a logit of 88.7) fails there.
+WIDE = ("wide", 0)
+WIDE_FACTORS = (100.0, 1000.0)
+
+
+def wide_factor(seed: int) -> float:
+    """The ``wide`` set's scale, from a stream of its own (``[seed, 3]``), so the set's other
+    draws are exactly the timing input's."""
+    low, high = np.log(WIDE_FACTORS)
+    return float(np.exp(np.random.default_rng([seed, 3]).uniform(low, high)))
+
+
+def widened(array: np.ndarray, factor: float, chunk: int = 1 << 24) -> np.ndarray:
+    """A float ``array`` times ``factor``, kept finite in its own dtype: clipped to the dtype's
+    largest value (float16 ends at 65504), so every input is a number the kernel could be given.
+    Scaled ``chunk`` entries at a time in f32: a gigabyte of expert weights is not copied whole."""
+    import ml_dtypes  # installed with jax; its finfo knows bfloat16
+
+    largest = np.float32(ml_dtypes.finfo(array.dtype).max)
+    flat, out = np.asarray(array).reshape(-1), np.empty(np.size(array), array.dtype)
+    for start in range(0, flat.size, chunk):
+        part = flat[start:start + chunk].astype(np.float32)
+        part *= np.float32(factor)
+        np.clip(part, -largest, largest, out=part)
+        out[start:start + chunk] = part.astype(array.dtype)
+    return out.reshape(np.shape(array))
+
+
+def wide_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, factor: float) -> tuple[np.ndarray, ...]:
+    """An attention draw's ``wide`` set: v scaled by ``factor``, and the logits by half of it (q
+    and k each by its square root, then rounded to whole numbers): logits of standard deviation 50
+    to 500, which overflow exp in f32 (past 88.7) without a running max in most rows. Whole q and
+    k (below 256 here: exact in bf16, f16 and f32) make every product and partial sum of q . k
+    exact in f32 for D up to 512, whatever order a kernel sums them in; what is left is one
+    rounding of each scaled logit, up to half its ulp, which the task's XLA program makes (the
+    truth subtracts the row max first and does not) and which moves a row whose two largest logits
+    nearly tie by that much times the difference of their values. Not the whole factor: at half,
+    the program's worst such error on f32 is a quarter of the f32 tolerance (B=1, H=2, N=256, ten
+    draws); at the whole factor it would be half."""
+    root = float(np.sqrt(factor / 2.0))
+    whole = [np.rint(np.asarray(x, np.float32) * np.float32(root)).astype(np.asarray(x).dtype) for x in (q, k)]
+    return (*whole, widened(v, factor))
+
+
 class SeedError(ValueError):
     """A seed that cannot be found or breaks the contract; the message is one line."""
 
@@ -118,6 +166,14 @@ class SeedTask:
         with their sum, which can cancel to about 0: the absolute tolerance is scaled by it where
         it exceeds 1 (``evaluator/correctness/compare.py``)."""
         return None
+
+    def truth(self, distribution: str, *inputs: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """What the judge asks of an input set drawn from ``distribution``: the f32 truth and the
+        size of what each element sums (:meth:`reference`, :meth:`magnitude`). A task may make both
+        in one pass (attention: one softmax for both), or scale its tolerance on some sets only (a
+        reference file's task knows no terms in general, and scales it on the ``wide`` set alone,
+        where the inputs are far past the example's spread: ``seeds/reference.py``)."""
+        return self.reference(*inputs), self.magnitude(*inputs)
 
     @property
     def flops(self) -> float:

@@ -28,8 +28,13 @@ that takes a task, beside the kernel: ``evolve eval K.py --reference R.py``):
   draw times a factor drawn in [0.1, 10]); integers redrawn uniformly in the example's range,
   booleans at its rate, unless ``STATIC`` names them (indices, lengths); ``RAGGED`` sizes as a
   random split of their dimension (Dirichlet proportions of a drawn concentration: skewed, some
-  groups empty);
-* the truth: the workload run on the draw with its floats in f32, on the CPU;
+  groups empty); and ``wide``, the first (``normal``) draw again with its floats times a factor
+  drawn log-uniform in [100, 1000], clipped to each dtype's finite range (its integers are the
+  first draw's, so it adds no work a figure could follow);
+* the truth: the workload run on the draw with its floats in f32, on the CPU; on the ``wide`` set
+  the absolute tolerance is scaled, where it exceeds 1, by the workload run on the inputs'
+  absolute values (the size of the terms an element sums, for a sum of products: a matmul's
+  output grows as the square of the factor, and its rounding with it);
 * the XLA program speedups are quoted against: the workload itself (and the precision rule: no
   kernel may be less precise than it);
 * FLOPs from XLA's own cost analysis of the workload (or the file's ``flops``); unavoidable bytes: its inputs and output
@@ -58,11 +63,11 @@ from typing import Any
 
 import numpy as np
 
-from seeds._contract import Seed, SeedError, SeedTask
+from seeds._contract import WIDE, Seed, SeedError, SeedTask, wide_factor, widened
 from seeds.reference_child import namespace
 
 TOLERANCES = {"bfloat16": (2e-2, 2e-2), "float16": (4e-3, 4e-3), "float32": (2e-4, 2e-4)}
-DISTRIBUTIONS = ("normal", "outliers", "scaled")
+DISTRIBUTIONS = ("normal", "outliers", "scaled", "wide")
 _CHILD_TIMEOUT_S = 600
 
 
@@ -192,7 +197,7 @@ class Task(SeedTask):
     name = "reference"
     description = "a reference file's workload (create_inputs, workload)"
     distributions = DISTRIBUTIONS
-    correctness_inputs = (("normal", 0), ("outliers", 1), ("scaled", 2))
+    correctness_inputs = (("normal", 0), ("outliers", 1), ("scaled", 2), WIDE)
 
     source: str = ""
     path: str = "reference.py"
@@ -291,12 +296,33 @@ class Task(SeedTask):
     def make_inputs(self, seed: int, distribution: str = "normal") -> tuple[np.ndarray, ...]:
         if distribution not in DISTRIBUTIONS:
             raise ValueError(f"unknown distribution {distribution!r}; one of {', '.join(DISTRIBUTIONS)}")
+        if distribution == "wide":
+            factor = wide_factor(seed)
+            return tuple(widened(a, factor) if spec["kind"] == "float" and not spec["static"] else a
+                         for a, spec in zip(self.make_inputs(seed, "normal"), self._read["inputs"], strict=True))
         rng = np.random.default_rng(seed)
         factor = 10.0 ** rng.uniform(-1.0, 1.0) if distribution == "scaled" else 1.0
         return tuple(_draw(spec, rng, distribution, factor) for spec in self._read["inputs"])
 
     def reference(self, *inputs: np.ndarray) -> np.ndarray:
         """The workload on ``inputs`` with its floats in f32, run by a CPU child."""
+        return self._workload(inputs, "truth")
+
+    def truth(self, distribution: str, *inputs: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """The truth, and on the ``wide`` set the workload on the inputs' absolute values (floats
+        only): for a sum of products (a matmul, a grouped matmul), the size of the terms each
+        element sums, which its rounding follows (where it is not a number, ``compare.py`` scales
+        nothing). Inputs 100 to 1000 times the example's make a matmul's output 10^4 to 10^6 times
+        as large, and an honest kernel's f32 sum differs from the truth's by more than the plain
+        atol wherever those terms cancel (the grouped matmul seed, f32 out, by 2.9 to 15 times on
+        each of six wide draws at its small shape). On the other sets nothing is scaled: the inputs
+        are the example's size, and so is the tolerance."""
+        size = self._workload(inputs, "magnitude") if distribution == "wide" else None
+        return self.reference(*inputs), size
+
+    def _workload(self, inputs: tuple[np.ndarray, ...], mode: str) -> np.ndarray:
+        """The workload on ``inputs`` (``mode`` "magnitude": their floats' absolute values), floats
+        in f32, run by a CPU child."""
         from evaluator.arrays import load_array, save_array
 
         with tempfile.TemporaryDirectory(prefix="pallas-evolve-truth-") as tmp:
@@ -304,7 +330,7 @@ class Task(SeedTask):
             (root / "reference.py").write_text(self.source)
             meta = [save_array(root / f"in{i}.npy", np.asarray(a)) for i, a in enumerate(inputs)]
             (root / "inputs.json").write_text(json.dumps(meta))
-            _run_child("truth", str(root / "reference.py"), str(root), self.path)
+            _run_child(mode, str(root / "reference.py"), str(root), self.path)
             error = root / "error.txt"
             if error.exists():
                 raise ReferenceError(f"reference file {self.path}: {error.read_text().strip()}")

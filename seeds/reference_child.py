@@ -2,7 +2,8 @@
 file. ``python -m seeds.reference_child profile FILE OUT SHOWN [SHAPE]`` reads what the task needs
 (inputs, output, FLOPs, tolerance, shape grammar) into OUT as JSON, or ``{"error": one line}``;
 ``... truth FILE DIR SHOWN`` runs the workload on DIR's inputs, floats in f32, into DIR/out.npy
-(or DIR/error.txt). Started with ``JAX_PLATFORMS=cpu``: it never holds a TPU.
+(or DIR/error.txt); ``... magnitude FILE DIR SHOWN`` the same on their floats' absolute values (the
+size of the terms, ``Task.truth``). Started with ``JAX_PLATFORMS=cpu``: it never holds a TPU.
 """
 
 from __future__ import annotations
@@ -182,7 +183,7 @@ def _ragged(declared: Any, names: list[str], arrays: list[np.ndarray]) -> dict[s
     return found
 
 
-def _truth(source_path: str, root: str, shown: str) -> None:
+def _truth(source_path: str, root: str, shown: str, absolute: bool = False) -> None:
     import jax
     import jax.numpy as jnp
 
@@ -191,8 +192,8 @@ def _truth(source_path: str, root: str, shown: str) -> None:
     root_path = Path(root)
     meta = json.loads((root_path / "inputs.json").read_text())
     inputs = [load_array(root_path / f"in{i}.npy", m["dtype"]) for i, m in enumerate(meta)]
-    inputs = [a.astype(np.float32) if np.issubdtype(a.dtype, np.floating) or str(a.dtype) == "bfloat16" else a
-              for a in inputs]
+    inputs = [(np.abs(a.astype(np.float32)) if absolute else a.astype(np.float32))
+              if np.issubdtype(a.dtype, np.floating) or str(a.dtype) == "bfloat16" else a for a in inputs]
     try:
         out = jax.jit(namespace(Path(source_path).read_text(), shown)["workload"])(*map(jnp.asarray, inputs))
         save_array(root_path / "out.npy", np.asarray(out, dtype=np.float32))
@@ -202,4 +203,5 @@ def _truth(source_path: str, root: str, shown: str) -> None:
 
 if __name__ == "__main__":
     command, *rest = sys.argv[1:]
-    {"profile": _profile, "truth": _truth}[command](*rest)
+    {"profile": _profile, "truth": _truth,
+     "magnitude": lambda *args: _truth(*args, absolute=True)}[command](*rest)

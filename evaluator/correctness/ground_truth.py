@@ -8,7 +8,12 @@ distributions; their seeds there are public and serve only for a judge given exp
 seeds and the arrays stay in trusted processes: the judge, the trusted runner that runs the
 interpreter on them, and a node that judges for this judge (it is sent the arrays). The jailed
 worker never sees an input, a seed or a value derived from one, and a set's label (which error
-messages and the archive carry) names its distribution, never its seed.
+messages and the archive carry) names its distribution, never its seed. A set whose public seed
+repeats an earlier set's is drawn with that set's secret seed too: the ``wide`` set repeats the
+first's (``seeds._contract.WIDE``), so it is the timing input again with its floats scaled 100 to
+1000 times past the example's spread, and its integers (cache lengths, group sizes) are the
+timing input's: it checks the numerics far from the example's scale without adding a draw of
+work that a figure following the data would count (the figure is the slowest set's).
 
 The timing input is the first input set, a secret draw like the others: its small integers
 (the decode task's cache lengths) are what the HBM traffic model's index maps and the counted
@@ -25,10 +30,20 @@ from __future__ import annotations
 import dataclasses
 import secrets
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
 from seeds import SeedTask
+
+
+class Drawn(NamedTuple):
+    """One input set as drawn: its label, its arrays, and the distribution it was drawn from (what
+    ``SeedTask.truth`` is asked about; never in a label with its seed)."""
+
+    label: str
+    inputs: tuple
+    distribution: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +55,9 @@ class GroundTruth:
     f32: np.ndarray
     program_out: np.ndarray | None = None
     magnitude: np.ndarray | None = None    # the task's SeedTask.magnitude on the same inputs
+    # The task's XLA program's f32 dots the TPU computes in one bf16 pass (precision.py): the
+    # precision of the plain work on the chip, which sets the tolerance (verdicts.tolerance).
+    program_reduced_dots: tuple[str, ...] = ()
 
 
 def set_counts(task: SeedTask, explicit: Sequence[tuple[str, int]] | None = None) -> tuple[int, int]:
@@ -67,16 +85,26 @@ def timing_input(task: SeedTask, seed: int, explicit: Sequence[tuple[str, int]] 
 
 
 def draw(task: SeedTask, explicit: Sequence[tuple[str, int]] | None = None,
-         first_seed: int | None = None) -> list[tuple[str, tuple]]:
-    """The input sets of one judge, (label, arrays) each: fresh secret draws, one per distribution of
-    the task's sets, the first made with ``first_seed`` (the timing input's, :func:`timing_seed`);
-    ``explicit`` ((distribution, seed) pairs) gives public sets instead (for a user who wants to
-    reproduce a failure; such a judge's verdicts record 0 secret sets)."""
+         first_seed: int | None = None) -> list[Drawn]:
+    """The input sets of one judge: fresh secret draws, one per distribution of the task's sets, the
+    first made with ``first_seed`` (the timing input's, :func:`timing_seed`), a set whose public
+    seed repeats an earlier one's with that one's secret seed; ``explicit`` ((distribution, seed)
+    pairs) gives public sets instead (for a user who wants to reproduce a failure; such a judge's
+    verdicts record 0 secret sets)."""
     if explicit:
-        return [(f"input {dist} seed {seed}", tuple(task.make_inputs(seed, dist))) for dist, seed in explicit]
-    sets = []
-    for i, (dist, _) in enumerate(task.correctness_inputs):
-        seed = first_seed if i == 0 and first_seed is not None else secrets.randbits(63)
+        return [Drawn(f"input {dist} seed {seed}", tuple(task.make_inputs(seed, dist)), dist)
+                for dist, seed in explicit]
+    sets, secret = [], {}
+    for i, (dist, public) in enumerate(task.correctness_inputs):
+        if public not in secret:
+            secret[public] = first_seed if i == 0 and first_seed is not None else secrets.randbits(63)
         label = f"input set {i + 1} ({dist}, secret draw{'; the timing input' if i == 0 else ''})"
-        sets.append((label, tuple(task.make_inputs(seed, dist))))
+        sets.append(Drawn(label, tuple(task.make_inputs(secret[public], dist)), dist))
     return sets
+
+
+def truth_of(task: SeedTask, drawn: Drawn) -> GroundTruth:
+    """A drawn set with its f32 truth and the size of what each element sums (``SeedTask.truth``,
+    asked with the set's distribution); the task's XLA program's output is added once it has run."""
+    f32, size = task.truth(drawn.distribution, *drawn.inputs)
+    return GroundTruth(drawn.label, drawn.inputs, f32, magnitude=size)

@@ -27,7 +27,8 @@ import numpy as np
 
 from evaluator.arrays import load_array, save_array
 from evaluator.containment.children import Children, private_dir, stage_data, write_inputs
-from evaluator.correctness.ground_truth import GroundTruth, draw, timing_distribution, timing_input, timing_seed
+from evaluator.correctness.ground_truth import (GroundTruth, draw, timing_distribution, timing_input, timing_seed,
+                                                truth_of)
 from evaluator.figure.timing import Timing
 from evaluator.correctness.verdicts import failure
 from evaluator.versions import versions
@@ -137,8 +138,7 @@ class References:
 
     # ---- making them ------------------------------------------------------------------------------
     def _make(self, task: SeedTask) -> list[GroundTruth]:
-        sets = [GroundTruth(label, inputs, task.reference(*inputs), magnitude=task.magnitude(*inputs))
-                for label, inputs in draw(task, self.config.correctness_inputs, self._timing_seed(task))]
+        sets = [truth_of(task, d) for d in draw(task, self.config.correctness_inputs, self._timing_seed(task))]
         figure = self.cached(task)
         private = private_dir("ref")
         try:
@@ -163,8 +163,10 @@ class References:
                 raise RuntimeError(f"the task's reference program failed: {failed[2]}")
             data = stage_data(outcome)
             outputs = data["correctness"]["outputs"]
+            reduced = tuple(data["correctness"].get("reduced_dots") or ())
             sets = [dataclasses.replace(g, program_out=load_array(str(private / f"out{i}.npy"),
-                                                                   outputs[i]["dtype"]))
+                                                                   outputs[i]["dtype"]),
+                                        program_reduced_dots=reduced)
                     for i, g in enumerate(sets)]
             if figure is None:
                 figure = self.timing.read(private, data, self.chip)

@@ -12,13 +12,15 @@ from typing import Any
 
 import numpy as np
 
-from seeds._contract import SeedTask, check_positive_ints
+from seeds._contract import WIDE, SeedTask, check_positive_ints, wide_attention, wide_factor
 from seeds._contract import parse_shape as _parse_shape
 
 DTYPES = ("bfloat16", "float16", "float32")
-DISTRIBUTIONS = ("normal", "outliers", "tempered")
+DISTRIBUTIONS = ("normal", "outliers", "tempered", "wide")
 # "tempered": the logits' temperature is itself drawn (log-uniform over this range) from the set's
 # seed, which the judge draws in secret: a kernel tuned to the statistics of N(0, 1) logits fails.
+# "wide": the timing input (a normal draw) with v scaled by a factor in seeds._contract.WIDE_FACTORS
+# and the logits by half of it (seeds._contract.wide_attention).
 TEMPERATURES = (0.25, 16.0)
 SEQ_TILE = 128            # sequence blocks are multiples of the 128-lane tile
 MAX_SEQ_BLOCK = 2048
@@ -48,7 +50,7 @@ class Task(SeedTask):
     distributions = DISTRIBUTIONS
     # The distributions every candidate is checked on; the judge draws each set's seed in secret
     # (evaluator/correctness/ground_truth.py). These seeds are public: only a judge given explicit sets uses them.
-    correctness_inputs = (("normal", 0), ("outliers", 1), ("tempered", 2))
+    correctness_inputs = (("normal", 0), ("outliers", 1), ("tempered", 2), WIDE)
     peers = {"JAX flash_attention (tuned blocks)": "../../examples/jax_flash_attention_tuned.py"}
     ablation_peers = {"JAX flash_attention (default blocks)": "../../examples/jax_flash_attention.py"}
     starts = {"jax": "jax.experimental.pallas.ops.tpu.flash_attention"}   # JAX's own, at its default blocks
@@ -128,6 +130,11 @@ class Task(SeedTask):
         """softmax(q k^T) @ |v|: large where a few large values of v are summed (``outliers``)."""
         return reference_f32(self, q, k, np.abs(np.asarray(v, np.float32)))
 
+    def truth(self, distribution, q, k, v):
+        """The truth and the size from one softmax (the judge's setup makes both for every set)."""
+        p, v32 = softmax_f32(self, q, k), np.asarray(v, np.float32)
+        return tuple(np.einsum("bhqk,bhkd->bhqd", p, x) for x in (v32, np.abs(v32)))
+
     def reference_program(self):
         return reference_program(self)
 
@@ -180,11 +187,16 @@ def make_inputs(task: AttentionTask, seed: int, distribution: str = "normal"):
     max) and to v (large values test the accumulator's scaling). ``tempered`` scales q and k so
     that the logits' temperature is t, drawn log-uniform in TEMPERATURES from the seed (t = 16:
     logits of standard deviation 16, a near one-hot softmax; t = 0.25: a near-uniform one).
+    ``wide`` is the ``normal`` draw of the same seed with v scaled by f, drawn log-uniform in
+    100..1000, and the logits by f / 2 (q and k each by sqrt(f / 2), rounded to whole numbers;
+    ``seeds._contract.wide_attention``).
     """
     import ml_dtypes  # installed with jax
 
     if distribution not in DISTRIBUTIONS:
         raise ValueError(f"unknown distribution {distribution!r}; use one of {DISTRIBUTIONS}")
+    if distribution == "wide":
+        return wide_attention(*make_inputs(task, seed, "normal"), wide_factor(seed))
     rng = np.random.default_rng(seed)
     scale = 1.0
     if distribution == "tempered":
@@ -201,20 +213,30 @@ def make_inputs(task: AttentionTask, seed: int, distribution: str = "normal"):
     return tuple(a.astype(np_dtype) for a in arrays)
 
 
-
-
 # ---- references ------------------------------------------------------------------------------
 def reference_f32(task: AttentionTask, q, k, v):
     """Plain attention in f32 numpy: the ground truth every candidate is compared with."""
-    q32, k32, v32 = (np.asarray(x, dtype=np.float32) for x in (q, k, v))
-    s = np.einsum("bhqd,bhkd->bhqk", q32, k32) * np.float32(task.sm_scale)
+    return np.einsum("bhqk,bhkd->bhqd", softmax_f32(task, q, k), np.asarray(v, np.float32))
+
+
+def softmax_f32(task: AttentionTask, q, k):
+    """The attention weights in f32 numpy, softmax(q k^T * sm_scale [causal mask]). The row
+    max is subtracted before the logits are scaled: the gaps the softmax depends on are then exact
+    where q . k is (the wide set's whole q and k), where scaling first rounds every logit by up to
+    half its ulp, the rounding the task's XLA program makes (3e-5 at a logit of 1,000), and a truth
+    that made it too would hold a kernel that fuses the scale into exp's argument (one rounding
+    fewer, as XLA:CPU does inside a kernel) to the program's error rather than to the answer: the
+    f32 seed without a causal mask measured 10 to 40 times the program's 99th-percentile error
+    against such a truth on wide draws, and a tenth of it against this one."""
+    q32, k32 = (np.asarray(x, dtype=np.float32) for x in (q, k))
+    s = np.einsum("bhqd,bhkd->bhqk", q32, k32)
     if task.causal:
         n = task.seq_len
         s = np.where(np.tril(np.ones((n, n), dtype=bool)), s, -np.inf)
-    s = s - s.max(axis=-1, keepdims=True)
+    s = (s - s.max(axis=-1, keepdims=True)) * np.float32(task.sm_scale)
     p = np.exp(s)
     p /= p.sum(axis=-1, keepdims=True)
-    return np.einsum("bhqk,bhkd->bhqd", p, v32)
+    return p
 
 
 def reference_program(task: AttentionTask):

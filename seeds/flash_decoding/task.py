@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from seeds import SeedTask, check_positive_ints, parse_shape
+from seeds import WIDE, SeedTask, check_positive_ints, parse_shape, wide_attention, wide_factor
 
 DTYPES = ("bfloat16", "float16", "float32")
 TOLERANCES = {"bfloat16": (2e-2, 2e-2), "float16": (4e-3, 4e-3), "float32": (2e-4, 2e-4)}
@@ -38,11 +38,14 @@ class Task(SeedTask):
     shape_grammar = "B=8,H=8,HKV=8,N=32768,D=128,T=1"
     # ragged: lengths drawn in 1..N with the edge cases 1 and N always present; full: every
     # sequence uses the whole cache; outliers: ragged, with a few large-magnitude q, k, v entries;
-    # tempered: ragged, with the logits' temperature drawn log-uniform in TEMPERATURES.
-    distributions = ("ragged", "full", "outliers", "tempered")
+    # tempered: ragged, with the logits' temperature drawn log-uniform in TEMPERATURES; wide: the
+    # ragged draw of the same seed (its lengths too) with the logits and v scaled as flash
+    # attention's wide set scales them (seeds._contract.wide_attention).
+    distributions = ("ragged", "full", "outliers", "tempered", "wide")
     # The judge draws each set's seed in secret (evaluator/correctness/ground_truth.py); the first set keeps the
-    # public timing input's lengths (ragged, seed 0), which the figures are of.
-    correctness_inputs = (("ragged", 0), ("outliers", 1), ("tempered", 2))
+    # public timing input's lengths (ragged, seed 0), which the figures are of. The wide set repeats the first
+    # set's seed: it is the timing input scaled, so it adds no work a figure could follow.
+    correctness_inputs = (("ragged", 0), ("outliers", 1), ("tempered", 2), WIDE)
     # --chips 4: a v5e 2x2. The cache is split along its length: chip c holds entries
     # [c N/4, (c+1) N/4) of every sequence, and its own lengths clip(lengths - c N/4, 0, N/4)
     # (0 for a chip past a sequence's end); q is on every chip.
@@ -162,6 +165,9 @@ class Task(SeedTask):
 
         if distribution not in self.distributions:
             raise ValueError(f"unknown distribution {distribution!r}; use one of {self.distributions}")
+        if distribution == "wide":
+            *floats, lengths = self.make_inputs(seed, "ragged")
+            return (*wide_attention(*floats, wide_factor(seed)), lengths)
         rng = np.random.default_rng(seed)
         np_dtype = ml_dtypes.bfloat16 if self.dtype == "bfloat16" else np.dtype(self.dtype)
         temperature = 1.0
@@ -191,17 +197,30 @@ class Task(SeedTask):
 
     def reference(self, q, k, v, lengths):
         """f32 numpy: softmax over each sequence's first lengths[b] cache entries."""
+        return self._weighted(self._softmax(q, k, lengths), v)
+
+    def truth(self, distribution, q, k, v, lengths):
+        """The truth and the size from one softmax (the judge's setup makes both for every set)."""
+        p = self._softmax(q, k, lengths)
+        return self._weighted(p, v), self._weighted(p, np.abs(np.asarray(v, np.float32)))
+
+    def _weighted(self, p, v):
+        v32 = np.repeat(np.asarray(v, np.float32), self.heads // self.kv_heads, axis=1)
+        return np.einsum("bhtn,bhnd->bhtd", p, v32)
+
+    def _softmax(self, q, k, lengths):
+        """The attention weights, the row max subtracted before the logits are scaled (as flash
+        attention's truth does, and why)."""
         group = self.heads // self.kv_heads
         q32 = np.asarray(q, np.float32)
         k32 = np.repeat(np.asarray(k, np.float32), group, axis=1)
-        v32 = np.repeat(np.asarray(v, np.float32), group, axis=1)
-        s = np.einsum("bhtd,bhnd->bhtn", q32, k32) * np.float32(self.sm_scale)
+        s = np.einsum("bhtd,bhnd->bhtn", q32, k32)
         valid = np.arange(self.kv_len)[None, :] < np.asarray(lengths)[:, None]      # (B, N)
         s = np.where(valid[:, None, None, :], s, -np.inf)
-        s = s - s.max(axis=-1, keepdims=True)
+        s = (s - s.max(axis=-1, keepdims=True)) * np.float32(self.sm_scale)
         p = np.exp(s)
         p /= p.sum(axis=-1, keepdims=True)
-        return np.einsum("bhtn,bhnd->bhtd", p, v32)
+        return p
 
     def magnitude(self, q, k, v, lengths):
         """softmax(q k^T) @ |v| over each sequence's valid entries."""

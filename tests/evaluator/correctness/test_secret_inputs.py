@@ -71,7 +71,7 @@ def test_an_honest_kernel_passes_every_draw_with_the_same_figure(draws, kernel):
     results, _ = draws
     for result in results[kernel]:
         assert result.status is Status.PASS, result.error
-        assert (result.provenance.correctness_sets, result.provenance.secret_sets) == (3, 3)
+        assert (result.provenance.correctness_sets, result.provenance.secret_sets) == (4, 4)
     figures = {r.metrics.estimated_cycles for r in results[kernel]}
     assert len(figures) == 1, f"{kernel}'s figure depends on the draw: {figures}"
 
@@ -121,7 +121,7 @@ def test_the_timing_input_is_the_first_set_a_secret_draw_kept_for_the_judge():
     timed = ground_truth.timing_input(task, seed)
     assert list(timed) == ["lengths"]
     drawn = ground_truth.draw(task, None, seed)
-    assert ground_truth.set_counts(task) == (3, 3) and len(drawn) == 3
+    assert ground_truth.set_counts(task) == (4, 4) and len(drawn) == 4
     assert np.array_equal(drawn[0][1][3], timed["lengths"])         # the input the figure is of is checked
     assert "timing input" in drawn[0][0] and str(seed) not in drawn[0][0]
     # Not the public lengths a kernel could know, and another judge draws others.
