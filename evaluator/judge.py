@@ -285,7 +285,7 @@ class Judge:
                 worst = (max(worst[0], cmp.max_abs_error or 0.0), max(worst[1], cmp.max_rel_error or 0.0),
                          max(worst[2], cmp.baseline_abs_error or 0.0))
                 if not cmp.ok:
-                    return EvalResult(Status.FAIL_CORRECTNESS, error=cmp.error + _dots_named(data),
+                    return EvalResult(Status.FAIL_CORRECTNESS, error=cmp.error + _dots_named(data) + _split_named(data),
                                       stage="correctness",
                                       metrics=dataclasses.replace(
                                           metrics, max_abs_error=cmp.max_abs_error,
@@ -337,3 +337,15 @@ def _dots_named(data: dict) -> str:
     return (f"; the check computes f32 dots as the TPU's MXU does, and {len(dots)} dot(s) here run in bf16 "
             f"passes: {'; '.join(dots[:2])}; state precision=jax.lax.Precision.HIGHEST on a dot whose "
             "f32 result you need")
+
+
+def _split_named(data: dict) -> str:
+    """What a correctness failure adds where the check split "parallel" grid axes between a chip's
+    two TensorCores (``evaluator/correctness/interpret.py``)."""
+    split = data.get("correctness", {}).get("split_axes") or []
+    if not split:
+        return ""
+    where = ", ".join(f"axis {axis} of {name}" for name, axis in split[:3])
+    return (f"; this chip has two TensorCores and the check ran each \"parallel\" grid axis split between "
+            f"them ({where}): an output that depends on which core ran which share, or on one core's "
+            "scratch or writes reaching the other, is poison (NaN); mark such an axis \"arbitrary\"")

@@ -394,7 +394,12 @@ def main(request_path: str) -> int:
             jax.block_until_ready(out)
             outputs.append(_write_output(f"{req['out_dir']}/out{i}.npy", out))
         reporter.send(event="stage_ok", stage=stage,
-                      data={"outputs": outputs, "correctness_time_s": time.perf_counter() - t0})
+                      data={"outputs": outputs, "correctness_time_s": time.perf_counter() - t0,
+                            "split_axes": sorted(set(interpret.SPLIT)),
+                            # the task's XLA program's f32 dots in bf16 passes: its precision on the chip
+                            "reduced_dots": _reduced_dots(jax.make_jaxpr(cpu_fn)(
+                                *[jax.ShapeDtypeStruct(s, d) for s, d in specs]))
+                            if req["mode"] == "reference" and cpu_fn is not None else []})
 
         ran = None     # what each set's kernels ran on: grid sizes, prefetch values (figure/dynamic_grid.py)
         if counted:

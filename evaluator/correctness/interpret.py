@@ -34,6 +34,14 @@ floats) and a written input block fresh from the input array. A kernel that revi
 consecutively, as JAX's own kernels do, computes exactly what it did before; so does an output
 declared ``pl.Buffered(1, revisit=pl.RevisitMode.ANY)``, whose pipeline reads a revisited block back.
 
+**The chip's memory and cores** (issue 55). What a kernel did not write is poison in every type
+(``chip_memory.poison``: a NaN as any float, never 0 as an integer), a DMA's destination is
+poison until its wait (``chip_memory``), and on a chip of two TensorCores (``set_cores``) each
+axis marked ``"parallel"`` is walked a second time as the cores walk it: its second half first,
+then its first, each share with fresh scratch and fresh blocks; an output element whose bits
+differ from the in-order walk's is poison (``_agreed``), since on the chip it depends on which
+core ran which share.
+
 :func:`installed` swaps it in for Pallas' own while the trusted runner exports its CPU program. It
 patches one private function of the pinned jax (``hlo_interpreter.pallas_call_hlo_interpret``)
 and checks that the function is there, so that a jax that moved it fails loudly, not slowly; and
@@ -59,6 +67,8 @@ from evaluator.correctness.chip_memory import poison
 _PATCHED = "pallas_call_hlo_interpret"
 # TensorCores per chip of the chip judged (``set_cores``): a chip of two splits "parallel" axes.
 _CORES = [1]
+# What the grid loops of this process split between two cores: (kernel name, axis), for a message.
+SPLIT: list[tuple[str, int]] = []
 
 
 def set_cores(cores: int) -> None:
@@ -82,7 +92,7 @@ def grid_loop(*args, jaxpr, debug, input_output_aliases, grid_mapping, mesh, com
     kernel_consts) -> (kernel, kernel_consts, counter, facts)``; ``counter.zeros()`` is a count
     vector and ``counter.eval(kernel, consts, args) -> (results, delta)`` runs one grid step. Then
     ``(outputs, counts summed over the grid, facts)`` is returned."""
-    del debug, mesh, cost_estimate, out_avals, metadata, name
+    del debug, mesh, cost_estimate, out_avals, metadata
     dynamic, args = args[:grid_mapping.num_dynamic_grid_bounds], args[grid_mapping.num_dynamic_grid_bounds:]
     bounds = iter(dynamic)
     grid = tuple(next(bounds) if isinstance(d, pallas_core.DynamicGridDim) else d for d in grid_mapping.grid)
@@ -180,6 +190,7 @@ def grid_loop(*args, jaxpr, debug, input_output_aliases, grid_mapping, mesh, com
     counts, final = walk(initial, tuple(grid), origin, counter is not None)
     # Two TensorCores: each "parallel" axis checked as split between them (core_split below).
     for axis in _split_axes(compiler_params, grid) if _CORES[0] > 1 else ():
+        SPLIT.append((str(getattr(name, "name", name) or "pallas_call"), axis))
         half = (grid[axis] + 1) // 2
         second = tuple(g - half if d == axis else g for d, g in enumerate(grid))
         first_share = tuple(half if d == axis else g for d, g in enumerate(grid))

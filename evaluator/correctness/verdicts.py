@@ -90,10 +90,36 @@ def failure(outcome: ChildOutcome, budgets: dict[str, float], default_budget: fl
     return None
 
 
+def tolerance(task: SeedTask, truth: GroundTruth, factor: float) -> tuple[float, float]:
+    """(atol, rtol): the task's, unless the task's own XLA program computes f32 dots in bf16 passes
+    on the chip (``precision.py``; the check computes them so) and misses that tolerance on this
+    set itself: then the plain work on the chip is less precise than the task's dtype says, and a
+    kernel of it is held to ``factor`` times the XLA program's own worst error, measured against
+    the same bound (the precision rule still holds its 99th-percentile and mean errors to the XLA
+    program's). A task whose program states ``HIGHEST`` keeps its tolerance, and a one-pass kernel
+    of it fails, naming its dots."""
+    atol, rtol = task.tolerance
+    if not truth.program_reduced_dots or truth.program_out is None:
+        return atol, rtol
+    ref = np.asarray(truth.f32, np.float32)
+    program = np.asarray(truth.program_out, np.float32)
+    finite = np.isfinite(ref) & np.isfinite(program)
+    scale = 1.0
+    if truth.magnitude is not None:
+        magnitude = np.asarray(truth.magnitude, np.float32)
+        scale = np.where(np.isfinite(magnitude), np.maximum(1.0, magnitude), 1.0)
+    bound = atol * scale + rtol * np.abs(ref)
+    ratio = np.where(finite, np.abs(program - ref) / np.maximum(bound, 1e-30), 0.0)
+    worst = float(ratio.max()) if ratio.size else 0.0
+    if worst <= 1.0:
+        return atol, rtol
+    return atol * worst * factor, rtol * worst * factor
+
+
 def compare_chips(out: np.ndarray, truth: GroundTruth, task: SeedTask, chips: int, factor: float) -> Comparison:
     """The output against the truth; a per-chip program's output is every chip's, and every chip
     must hold the right answer (the first that does not is the verdict)."""
-    atol, rtol = task.tolerance
+    atol, rtol = tolerance(task, truth, factor)
     kwargs = dict(expected_dtype=task.output_dtype, atol=atol, rtol=rtol, baseline=truth.program_out,
                   baseline_factor=factor, magnitude=truth.magnitude)
     if chips == 1:

@@ -165,7 +165,7 @@ def verdicts(tmp_path_factory):
 
 def test_every_candidate_has_a_file_and_every_class_a_candidate():
     files = {p.stem for p in CANDIDATES.glob("c*.py")}
-    assert set(EXPECTED) | DECODE == files
+    assert set(EXPECTED) | DECODE | set(ROUND_FOUR) | WIDE == files
     assert {name.split("_")[0] for name in files | set(SHAPE_BRANCH)} == {f"c{i}" for i in range(1, 11)}
 
 
@@ -315,3 +315,61 @@ def test_index_maps_are_counted_as_the_chip_runs_them(round_three_decode, name):
         assert result.metrics.hbm_bytes == twin.metrics.hbm_bytes
         ratio = result.metrics.estimated_cycles / twin.metrics.estimated_cycles
         assert 0.90 <= ratio <= 1.10, (result.metrics.estimated_cycles, twin.metrics.estimated_cycles)
+
+
+# Class 10, round four (issue 55): what the chip does that Pallas' interpreter does not. Each
+# candidate beside its honest twin (its source with HONEST = True), judged on its own task and chip:
+# candidate -> (task, the cause its refusal should name).
+ROUND_FOUR = {
+    "c10_f32_one_pass_dot": ("f32 matmul", "one bf16 pass"),       # the dot's one bf16 pass, named
+    "c10_parallel_reduction_axis": ("matmul on v5p", "two TensorCores"),  # the K axis split between cores
+    "c10_uint32_accumulator": ("matmul", "NaN"),                   # integer scratch poisoned too
+    "c10_read_before_wait": ("matmul", "NaN"),                     # a DMA's destination before its wait
+}
+# Judged against a softmax reference file in tests/evaluator/correctness/test_wide_draws.py.
+WIDE = {"c10_softmax_no_max"}
+F32_REFERENCE = Path(__file__).resolve().parent / "c10_f32_matmul_reference.py"
+
+
+def _round_four_task(label: str, source: str):
+    """(chip, task) of a class-10 task; ``source`` names a reference file's kernel entry."""
+    from seeds import load_seed
+    from seeds.reference import Task
+
+    if label == "f32 matmul":
+        return "v5e", Task.read(F32_REFERENCE, source, shape="M=256,K=256,N=256")
+    if label == "matmul on v5p":      # K the only axis of more than one step: the one the cores split
+        return "v5p", load_seed("matmul").task("M=128,K=1024,N=128")
+    return "v5e", load_seed("matmul").task("M=128,K=256,N=256")
+
+
+@pytest.fixture(scope="module")
+def round_four(tmp_path_factory):
+    """Class 10's candidates and their twins, one judge per task, the screen out of the way."""
+    mp = pytest.MonkeyPatch()
+    mp.setattr(judge_module, "screen_source", lambda *a, **k: ScreenResult(True))
+    cache = tmp_path_factory.mktemp("round-four")
+    out = {}
+    try:
+        for label in dict.fromkeys(task for task, _ in ROUND_FOUR.values()):
+            names = sorted(n for n, (task, _) in ROUND_FOUR.items() if task == label)
+            sources = [(CANDIDATES / f"{n}.py").read_text() for n in names] + [honest(n) for n in names]
+            chip, task = _round_four_task(label, sources[0])
+            judge = Judge(JudgeConfig(chip=chip, cache_dir=str(cache), workers=2))
+            results = judge_all(judge, sources, task)
+            out.update({n: (results[i], results[len(names) + i]) for i, n in enumerate(names)})
+    finally:
+        mp.undo()
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(ROUND_FOUR))
+def test_what_the_chip_does_and_the_interpreter_did_not_is_refused(round_four, name):
+    """Class 10: a one-pass f32 dot, a reduction axis split between two cores, an integer scratch
+    read before it is written, a DMA's destination read before its wait. Each candidate is refused;
+    its twin, the same work written honestly, PASSes."""
+    result, twin = round_four[name]
+    assert twin.status is Status.PASS, (twin.status, twin.error)
+    assert result.status is Status.FAIL_CORRECTNESS, (
+        result.status, result.metrics.estimated_cycles, twin.metrics.estimated_cycles)
+    assert ROUND_FOUR[name][1] in result.error, result.error
