@@ -197,13 +197,6 @@ def _count_trips(closed, counting, counted_sets, device, specs) -> dict:
                                lambda choice: jax.jit(trips.variant_program(closed, choice)).lower(*args).compile())
 
 
-def _reduced_dots(closed) -> list[str]:
-    """The program's f32 dots the TPU computes in bf16 passes, described (``precision.py``)."""
-    from evaluator.correctness import precision
-
-    return precision.reduced_dots(closed.jaxpr)[:8]
-
-
 def _lower_for_the_chip(req: dict) -> None:
     """Pallas asks the default device which TPU it lowers for when some ops need it (``sign``,
     which floor division lowers through; ragged paged attention has it). Off a TPU host that
@@ -258,12 +251,10 @@ def main(request_path: str) -> int:
         import jax.numpy as jnp
         from jax.sharding import SingleDeviceSharding
 
-        from evaluator.correctness import interpret
+        from evaluator.correctness import interpret, precision
 
         interpret.set_cores(req.get("tensorcores", 1))     # the check runs the grid as the chip's cores do
         if not req["on_tpu"]:       # and computes every dot as the chip's MXU does (precision.py)
-            from evaluator.correctness import precision
-
             precision.install()
 
         count = False      # loops and branches on data to count (a candidate's, set below)
@@ -289,7 +280,7 @@ def main(request_path: str) -> int:
                                 "lower_time_s": time.perf_counter() - t0, "constant_bytes": held.data_bytes,
                                 "constant_computed_bytes": held.computed_bytes,
                                 # f32 dots the MXU computes in bf16 passes (and so does the check)
-                                "reduced_dots": _reduced_dots(closed)})
+                                "reduced_dots": precision.reduced_dots(closed.jaxpr)[:8]})
             fatal = [f for f in findings if f.construct in set(req["refuse"])]
             if fatal:
                 raise Refused("; ".join(f"{f.construct} in {f.where}: {f.detail}" for f in fatal))
@@ -397,8 +388,8 @@ def main(request_path: str) -> int:
                       data={"outputs": outputs, "correctness_time_s": time.perf_counter() - t0,
                             "split_axes": sorted(set(interpret.SPLIT)),
                             # the task's XLA program's f32 dots in bf16 passes: its precision on the chip
-                            "reduced_dots": _reduced_dots(jax.make_jaxpr(cpu_fn)(
-                                *[jax.ShapeDtypeStruct(s, d) for s, d in specs]))
+                            "reduced_dots": precision.reduced_dots(jax.make_jaxpr(cpu_fn)(
+                                *[jax.ShapeDtypeStruct(s, d) for s, d in specs]).jaxpr)[:8]
                             if req["mode"] == "reference" and cpu_fn is not None else []})
 
         ran = None     # what each set's kernels ran on: grid sizes, prefetch values (figure/dynamic_grid.py)

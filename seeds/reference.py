@@ -28,13 +28,9 @@ that takes a task, beside the kernel: ``evolve eval K.py --reference R.py``):
   draw times a factor drawn in [0.1, 10]); integers redrawn uniformly in the example's range,
   booleans at its rate, unless ``STATIC`` names them (indices, lengths); ``RAGGED`` sizes as a
   random split of their dimension (Dirichlet proportions of a drawn concentration: skewed, some
-  groups empty); and ``wide``, the first (``normal``) draw again with its floats times a factor
-  drawn log-uniform in [100, 1000], clipped to each dtype's finite range (its integers are the
-  first draw's, so it adds no work a figure could follow);
-* the truth: the workload run on the draw with its floats in f32, on the CPU; on the ``wide`` set
-  the absolute tolerance is scaled, where it exceeds 1, by the workload run on the inputs'
-  absolute values (the size of the terms an element sums, for a sum of products: a matmul's
-  output grows as the square of the factor, and its rounding with it);
+  groups empty); and ``wide``, the first draw with its floats 100 to 1000 times (docs/judge.md);
+* the truth: the workload run on the draw with its floats in f32, on the CPU (on ``wide``, atol
+  scaled by the workload on the inputs' absolute values);
 * the XLA program speedups are quoted against: the workload itself (and the precision rule: no
   kernel may be less precise than it);
 * FLOPs from XLA's own cost analysis of the workload (or the file's ``flops``); unavoidable bytes: its inputs and output
@@ -309,20 +305,14 @@ class Task(SeedTask):
         return self._workload(inputs, "truth")
 
     def truth(self, distribution: str, *inputs: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        """The truth, and on the ``wide`` set the workload on the inputs' absolute values (floats
-        only): for a sum of products (a matmul, a grouped matmul), the size of the terms each
-        element sums, which its rounding follows (where it is not a number, ``compare.py`` scales
-        nothing). Inputs 100 to 1000 times the example's make a matmul's output 10^4 to 10^6 times
-        as large, and an honest kernel's f32 sum differs from the truth's by more than the plain
-        atol wherever those terms cancel (the grouped matmul seed, f32 out, by 2.9 to 15 times on
-        each of six wide draws at its small shape). On the other sets nothing is scaled: the inputs
-        are the example's size, and so is the tolerance."""
+        """The truth, and on the ``wide`` set the workload on the inputs' absolute values: for a sum
+        of products, the size of the terms each element sums, which its rounding follows (a matmul's
+        output grows 10^4 to 10^6 times there; docs/judge.md). Elsewhere nothing is scaled."""
         size = self._workload(inputs, "magnitude") if distribution == "wide" else None
         return self.reference(*inputs), size
 
     def _workload(self, inputs: tuple[np.ndarray, ...], mode: str) -> np.ndarray:
-        """The workload on ``inputs`` (``mode`` "magnitude": their floats' absolute values), floats
-        in f32, run by a CPU child."""
+        """The workload on ``inputs`` (on their absolute values for ``mode`` "magnitude"), in f32."""
         from evaluator.arrays import load_array, save_array
 
         with tempfile.TemporaryDirectory(prefix="pallas-evolve-truth-") as tmp:
