@@ -42,7 +42,7 @@ def poison(shape, dtype):
     """An array of ``shape`` and ``dtype`` that no kernel may rely on: see the module's docstring."""
     from jax._src.pallas import core as pallas_core
 
-    if _is_semaphore(dtype):
+    if is_semaphore(dtype):
         return jnp.zeros(shape, pallas_core.SEMAPHORE_INTERPRET_DTYPE)
     dtype = jnp.dtype(dtype)
     if dtype == jnp.bool_:
@@ -56,7 +56,8 @@ def poison(shape, dtype):
     return lax.bitcast_convert_type(jnp.full(shape, bits, carrier), dtype)
 
 
-def _is_semaphore(dtype) -> bool:
+def is_semaphore(dtype) -> bool:
+    """Whether ``dtype`` is a Pallas semaphore type."""
     from jax._src.pallas import core as pallas_core
 
     try:

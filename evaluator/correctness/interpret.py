@@ -235,11 +235,7 @@ def _agreed(a, b):
 
 def _is_semaphore_ref(aval) -> bool:
     """Whether a kernel's scratch operand is a semaphore (a TPU semaphore starts at 0)."""
-    inner = getattr(aval, "inner_aval", aval)
-    try:
-        return jnp.issubdtype(inner.dtype, pallas_core.semaphore_dtype)
-    except TypeError:
-        return False
+    return chip_memory.is_semaphore(getattr(aval, "inner_aval", aval).dtype)
 
 
 def _index(starts) -> jnp.ndarray:
