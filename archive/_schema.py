@@ -9,7 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from evaluator.result import METRIC_COLUMNS, METRIC_PAIRS, EvalResult, Metrics, Provenance
+from evaluator import METRIC_COLUMNS, METRIC_PAIRS, EvalResult, Metrics, Provenance
 
 from ._identity import individual_id as _individual_id
 
@@ -45,7 +45,7 @@ SCHEMA = pa.schema(
         pa.field("secret_sets", pa.int64()),
         pa.field("wall_time_s", pa.float64()),
         pa.field("from_archive", pa.bool_()),   # this run took the verdict from the archive
-        # Where the run's first kernel came from (evolve/start.py's label: the seed, a module with its
+        # Where the run's first kernel came from (evolve/start/resolve.py's label: the seed, a module with its
         # distribution and version, or a file; each with the source's sha256); null in older archives.
         pa.field("start", pa.string()),
         pa.field("log_tail", pa.string()),

@@ -10,7 +10,12 @@ import importlib
 
 _EXPORTS = {"Judge": "evaluator.judge", "JudgeConfig": "evaluator.judge", "StageBudgets": "evaluator.judge",
             "EvalResult": "evaluator.result", "Metrics": "evaluator.result", "Provenance": "evaluator.result",
-            "Status": "evaluator.result", "Limits": "evaluator.containment.sandbox"}
+            "Status": "evaluator.result", "METRIC_COLUMNS": "evaluator.result", "METRIC_PAIRS": "evaluator.result",
+            "Limits": "evaluator.containment.sandbox", "Interrupted": "evaluator.containment.sandbox",
+            "kill_all_children": "evaluator.containment.sandbox", "CHIPS": "evaluator.chips",
+            "get_chip": "evaluator.chips", "timing_choices": "evaluator.figure.timing",
+            "roofline": "evaluator.figure.roofline",
+            "JudgeSpec": "evaluator.remote", "judge_on_this_node": "evaluator.remote", "warm_up": "evaluator.remote"}
 __all__ = list(_EXPORTS)
 
 

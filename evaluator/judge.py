@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from evaluator.arrays import load_array
+from seeds import load_array
 from evaluator.chips import Chip, get_chip
 from evaluator.containment.children import Children, on_tpu_host, private_dir, stage_data, write_inputs
 from evaluator.program.constants import BUDGET_BYTES

@@ -31,7 +31,7 @@ from evaluator.judge import Judge, JudgeConfig
 from evaluator.result import EvalResult, Provenance, Status
 from evaluator.figure.timing import Timing
 from seeds import task_source
-from seeds._contract import task_class_from_source
+from seeds import task_class_from_source
 
 
 @dataclasses.dataclass(frozen=True)

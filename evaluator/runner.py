@@ -82,7 +82,7 @@ def _hbm_facts(compiled, exported, timing_input: str | None, names: list, specs:
 
 
 def _read_input(directory: str, name: str, dtype: str):
-    from evaluator.arrays import load_array
+    from seeds import load_array
 
     return load_array(f"{directory}/{name}.npy", dtype)
 
@@ -96,7 +96,7 @@ def _read_public(directory: str, name: str, dtype: str):
 
 
 def _write_output(path: str, out) -> dict:
-    from evaluator.arrays import save_array
+    from seeds import save_array
 
     return save_array(path, out)
 

@@ -92,7 +92,7 @@ class TaskConfig:
     """The seed (a built-in name or a seed directory's path) and its problem. ``shape`` None: the
     seed's default; ``causal`` and ``dtype`` None: the seed's default (not every seed has them);
     ``chips`` None: one chip (more only for a seed whose tasks offer a mesh: ``mesh_sizes``);
-    ``start`` None: the seed's kernel.py, else the kernel the run starts from (evolve/start.py);
+    ``start`` None: the seed's kernel.py, else the kernel the run starts from (evolve/start/resolve.py);
     ``reference``: a reference file (seeds/reference.py) is the task instead of a seed's, its
     kernel's entry found in the start's source or named by ``entry``."""
 
@@ -118,7 +118,7 @@ class TaskConfig:
 
     def load_seed(self):
         from seeds import SeedError, load_seed
-        from seeds.reference import reference_seed
+        from seeds import reference_seed
 
         try:
             return reference_seed(self.reference) if self.reference else load_seed(self.seed)
@@ -128,7 +128,7 @@ class TaskConfig:
     def task(self, kernel_source: str | None = None):
         """The task; for a reference file, its entry is found in ``kernel_source`` (default: the
         start's source)."""
-        from seeds.reference import ReferenceSeed
+        from seeds import ReferenceSeed
 
         seed = self.load_seed()
         if isinstance(seed, ReferenceSeed):
@@ -146,7 +146,7 @@ class TaskConfig:
             raise UsageError(f"bad task for seed {seed.name}: {exc}") from None
 
     def _reference_task(self, seed, kernel_source: str | None):
-        from evolve.start import resolve_start
+        from evolve.start.resolve import resolve_start
         from seeds import SeedError
 
         if kernel_source is None and (self.start or not self.reference):
@@ -175,8 +175,8 @@ class JudgeSettings:
         ``JudgeConfig``. A data directory keeps its reference figures in ``<data_dir>/cache``."""
         import os
 
-        from evaluator.containment.sandbox import Limits
-        from evaluator.judge import JudgeConfig
+        from evaluator import Limits
+        from evaluator import JudgeConfig
 
         limits = Limits(memory_bytes=self.memory_gib << 30) if self.memory_gib else Limits()
         return JudgeConfig(chip=self.chip, timing=self.timing, workers=self.workers or max(1, os.cpu_count() or 1),
@@ -184,8 +184,8 @@ class JudgeSettings:
                            limits=limits)
 
     def __post_init__(self) -> None:
-        from evaluator.chips import CHIPS
-        from evaluator.figure.timing import timing_choices
+        from evaluator import CHIPS
+        from evaluator import timing_choices
         from evolve.executors.base import EXECUTORS
 
         if self.executor not in EXECUTORS:

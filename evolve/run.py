@@ -19,15 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from archive import Archive, edit_label, make_row
-from evaluator.judge import Judge
-from evaluator.result import EvalResult, Status
+from evaluator import Judge
+from evaluator import EvalResult, Status
 from evaluator.versions import versions
 from evolve.config import RunConfig
-from evolve.individual import Individual
+from evolve.search.individual import Individual
 from evolve.executors.base import Executor, open_executor
-from evolve.search import Search
-from evolve.start import resolve_start
-from evolve.strategies import strategy_class
+from evolve.search.loop import Search
+from evolve.start.resolve import resolve_start
+from evolve.search.strategies import strategy_class
 from mlflow_runs import Tracker, ensure_store
 from mutations import read_tunables
 
@@ -157,7 +157,7 @@ class EvolutionRun:
         return self.search
 
     def on_generation(self, generation: int, pool: list[Individual], search: Search) -> None:
-        """The generation's logbook record (evolve/search.py), stored with the search state and
+        """The generation's logbook record (evolve/search/loop.py), stored with the search state and
         logged on the evolution run: one source for both, and for ``evolve sync``."""
         stats = dict(search.logbook[-1])
         self.archive.append_generation(self.run_id, generation, [i.id for i in pool],

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from evaluator.result import METRIC_COLUMNS
+from evaluator import METRIC_COLUMNS
 
 from ._best_effort import BestEffort
 from ._lineage_svg import lineage_svg
@@ -29,7 +29,7 @@ KIND_TAG = "pallas_evolve.kind"
 ROW_TAG = "pallas_evolve.row_key"
 PARENT_TAG = "mlflow.parentRunId"
 _MAX_PARAM = 500
-# The search's per-generation statistics (its DEAP logbook record, evolve/search.py; stored in
+# The search's per-generation statistics (its DEAP logbook record, evolve/search/loop.py; stored in
 # the archive's generation records) -> the evolution run's metric names.
 GENERATION_METRICS = {"best": "best_speedup", "median": "median_speedup", "pass_rate": "fraction_valid",
                       "evals": "evaluations"}

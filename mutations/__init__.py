@@ -7,24 +7,32 @@ replayable :class:`Edit`, so an edit history can be re-applied to the seed (:fun
 """
 
 from . import registry
-from ._base import Applicability, Edit, MutationResult, NotApplicable, Operator
-from .tuning.block_sizes import block_values, legal_values
-from ._replay import replay
+from ._base import Applicability, Edit, MutationResult, NotApplicable, Operator, parse
+from .tuning.block_sizes import block_values, consistent, legal_values
+from .tuning.defaults import required_defaults
+from ._replay import replay, replay_applicable
 from ._tunables import read_tunables
-from .registry import all_operators, get_operator, operator_names
+from .registry import all_operators, get_operator, operator_names, shape_operator
+from .tuning.discovery import discover
 
 __all__ = [
+    "all_operators",
     "Applicability",
+    "block_values",
+    "consistent",
+    "discover",
     "Edit",
+    "get_operator",
+    "legal_values",
     "MutationResult",
     "NotApplicable",
     "Operator",
-    "all_operators",
-    "block_values",
-    "get_operator",
-    "legal_values",
     "operator_names",
+    "parse",
     "read_tunables",
     "registry",
     "replay",
+    "replay_applicable",
+    "required_defaults",
+    "shape_operator",
 ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 
-from seeds.registry import Registry
+from seeds import Registry
 
 from ._base import Operator
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from evaluator.judge import Judge, JudgeConfig
 from evaluator.figure.roofline import roofline
 from evaluator.versions import versions
-from seeds.flash_decoding.bench import best_chain
+from evolve.experiments.decode_bench import best_chain
 from mutations import replay
 from seeds import load_seed
 

@@ -243,7 +243,7 @@ def main() -> int:
 
     from evaluator.judge import Judge, JudgeConfig
     from evaluator.versions import versions
-    from evolve.start import resolve_start
+    from evolve.start.resolve import resolve_start
     from mutations import replay
     from seeds import load_seed
 

@@ -25,8 +25,8 @@ from pathlib import Path
 from evaluator.judge import Judge, JudgeConfig
 from evaluator.result import EvalResult, Metrics, Status
 from evolve.config import JudgeSettings, RunConfig, SearchConfig, TaskConfig
-from evolve.start import resolve_start
-from evolve.strategies import strategy_class
+from evolve.start.resolve import resolve_start
+from evolve.search.strategies import strategy_class
 from mutations import block_values
 
 

@@ -313,7 +313,7 @@ class Task(SeedTask):
 
     def _workload(self, inputs: tuple[np.ndarray, ...], mode: str) -> np.ndarray:
         """The workload on ``inputs`` (on their absolute values for ``mode`` "magnitude"), in f32."""
-        from evaluator.arrays import load_array, save_array
+        from seeds.arrays import load_array, save_array
 
         with tempfile.TemporaryDirectory(prefix="pallas-evolve-truth-") as tmp:
             root = Path(tmp)

@@ -187,7 +187,7 @@ def _truth(source_path: str, root: str, shown: str, absolute: bool = False) -> N
     import jax
     import jax.numpy as jnp
 
-    from evaluator.arrays import load_array, save_array
+    from seeds.arrays import load_array, save_array
 
     root_path = Path(root)
     meta = json.loads((root_path / "inputs.json").read_text())

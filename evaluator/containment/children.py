@@ -26,7 +26,7 @@ from pathlib import Path
 
 from evaluator.containment import jail
 from evaluator.program import wire
-from evaluator.arrays import save_array
+from seeds import save_array
 from evaluator.containment.sandbox import ChildOutcome, run_child
 from evaluator.containment.worker import PROGRAM_FILE
 from seeds import SeedTask, task_source

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from evaluator.arrays import load_array, save_array
+from seeds import load_array, save_array
 from evaluator.containment.children import Children, private_dir, stage_data, write_inputs
 from evaluator.correctness.ground_truth import (GroundTruth, draw, timing_distribution, timing_input, timing_seed,
                                                 truth_of)

@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _on_signal(signum, frame) -> None:
     """SIGTERM / SIGINT: take every sandboxed worker down first, then unwind."""
-    from evaluator.containment.sandbox import kill_all_children
+    from evaluator import kill_all_children
 
     kill_all_children()
     raise KeyboardInterrupt
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return execute(args)
     except KeyboardInterrupt:
-        from evaluator.containment.sandbox import kill_all_children
+        from evaluator import kill_all_children
 
         kill_all_children()
         print("evolve: interrupted; every evaluation finished so far is in the archive "

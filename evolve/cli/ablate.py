@@ -21,8 +21,8 @@ class AblateCommand(Command):
                                     "--format json)")
 
     def take_action(self, args: argparse.Namespace) -> int:
-        from evaluator.judge import Judge
-        from evolve.ablation import ablation_json, format_ablation, run_ablation
+        from evaluator import Judge
+        from evolve.experiments.ablation import ablation_json, format_ablation, run_ablation
         from evolve.config import JudgeSettings
         from evolve.executors.base import open_executor
 

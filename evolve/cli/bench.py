@@ -1,5 +1,5 @@
 """`evolve bench`: strategies (ga, ratchet, random) side by side, same task, budget and judge; or,
-with ``--suite``, the search on a suite of tasks at once (evolve/suite.py)."""
+with ``--suite``, the search on a suite of tasks at once (evolve/experiments/suite.py)."""
 
 from __future__ import annotations
 
@@ -40,8 +40,8 @@ class BenchCommand(Command):
         from evolve.cli.run import _config_from_args
         from evolve.cli.store import archive_at
         from evolve.executors.base import open_executor
-        from evolve.start import resolve_start
-        from evolve.strategies import strategy_class
+        from evolve.start.resolve import resolve_start
+        from evolve.search.strategies import strategy_class
 
         if args.budget < 1:
             raise UsageError(f"--budget must be at least 1 kernel, got {args.budget}")
@@ -67,7 +67,7 @@ class BenchCommand(Command):
             return self._bench(args, base, strategies, executor)
 
     def _bench(self, args: argparse.Namespace, base, strategies: list[str], executor) -> int:
-        from evolve.bench import format_table, run_trial, summarise, write_report
+        from evolve.experiments.bench import format_table, run_trial, summarise, write_report
         from evolve.run import new_run_id
 
         bench_id = "bench-" + new_run_id()
@@ -106,7 +106,7 @@ class BenchCommand(Command):
         return 0
 
     def _suite(self, args: argparse.Namespace) -> int:
-        from evolve import suite as S
+        from evolve.experiments import suite as S
         from evolve.run import new_run_id
 
         given = [f"--{k.replace('_', '-')}" for k in ("seed", "chip", "shape", "causal", "dtype", "chips", "start",

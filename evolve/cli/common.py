@@ -69,7 +69,7 @@ def format_parser() -> argparse.ArgumentParser:
 def task_parser() -> argparse.ArgumentParser:
     """The task flags, declared once for every command that takes a task. None is "not given": the
     command's default (flash_attention on v5e), or for run and bench the run's configuration."""
-    from evaluator.chips import CHIPS
+    from evaluator import CHIPS
 
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--seed", default=None,
@@ -105,7 +105,7 @@ def one_task(args: argparse.Namespace) -> str | None:
 
 def timing_parser() -> argparse.ArgumentParser:
     """``--timing``: every registered timing source, or auto."""
-    from evaluator.figure.timing import timing_choices
+    from evaluator import timing_choices
 
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--timing", default=None, choices=timing_choices(),
@@ -125,7 +125,7 @@ def executor_parser() -> argparse.ArgumentParser:
 
 
 def start_parser() -> argparse.ArgumentParser:
-    """``--start``: the kernel to start from instead of the seed's own (evolve/start.py)."""
+    """``--start``: the kernel to start from instead of the seed's own (evolve/start/resolve.py)."""
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--start", default=None, metavar="MODULE_OR_FILE",
                         help="start from this kernel instead of the seed's kernel.py: a short name the seed "

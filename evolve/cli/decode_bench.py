@@ -1,4 +1,4 @@
-"""`evolve decode-bench`: decode kernels over batch sizes and cache lengths (seeds/flash_decoding/bench.py)."""
+"""`evolve decode-bench`: decode kernels over batch sizes and cache lengths (evolve/experiments/decode_bench.py)."""
 
 from __future__ import annotations
 
@@ -58,11 +58,11 @@ class DecodeBenchCommand(Command):
         add_json_alias(parser, help="print the rows as a JSON array (the same as --format json)")
 
     def take_action(self, args: argparse.Namespace) -> int:
-        from evaluator.judge import Judge
+        from evaluator import Judge
         from evolve.config import JudgeSettings
         from evolve.cli.eval import check_tiling, load_seed_arg
-        from seeds.flash_decoding.bench import (PRICES, best_chain, format_table, plot, rows_json, run_decode_bench,
-                                         sized_task)
+        from evolve.experiments.decode_bench import (PRICES, best_chain, format_table, plot, rows_json,
+                                                     run_decode_bench, sized_task)
         from seeds import SeedError
 
         batches, cache_lens = _ints(args.batches, "batches"), _ints(args.cache_lens, "cache-lens")

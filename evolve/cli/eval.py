@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from evaluator.chips import CHIPS
-from evaluator.result import EvalResult
+from evaluator import CHIPS
+from evaluator import EvalResult
 from evolve.cli.common import Command, add_json_alias, one_task, print_json
 from evolve.errors import UsageError
 
@@ -35,7 +35,7 @@ def task_from_args(args: argparse.Namespace, default_seed: str = "flash_attentio
     if args.chip not in CHIPS:
         raise UsageError(f"unknown chip {args.chip!r}; use --chip with one of: {', '.join(CHIPS)}")
     if reference and path:
-        from evolve.start import resolve_start
+        from evolve.start.resolve import resolve_start
 
         return config.task(resolve_start(path, config.load_seed(), file=True).source)
     return config.task()
@@ -49,9 +49,9 @@ def seed_from_args(args: argparse.Namespace):
 
 
 def start_from_args(args: argparse.Namespace, seed, path: str | None = None):
-    """The kernel a command starts from (evolve/start.py): its FILE argument ``path`` or
+    """The kernel a command starts from (evolve/start/resolve.py): its FILE argument ``path`` or
     ``--start``, not both; neither: the seed's own kernel."""
-    from evolve.start import resolve_start
+    from evolve.start.resolve import resolve_start
 
     if path and args.start:
         raise UsageError(f"two kernels given ({path} and --start {args.start}); give a FILE or --start, not both")
@@ -76,8 +76,8 @@ def tiling_hint(source: str, task) -> str | None:
     """Why a kernel may have failed at this shape: a block size it holds (found by discovery) that
     does not divide a dimension it tiles, so a grid of floor divisions leaves rows unwritten. Said
     after a FAIL_CORRECTNESS, never a refusal (a kernel may pad or mask its last block)."""
-    from mutations._base import parse
-    from mutations.tuning.discovery import discover
+    from mutations import parse
+    from mutations import discover
 
     try:
         tunables = discover(parse(source), task).values()
@@ -187,7 +187,7 @@ class EvalCommand(Command):
                                  "here; never for crowning), nothing stored")
 
     def take_action(self, args: argparse.Namespace) -> int:
-        from evaluator.judge import Judge
+        from evaluator import Judge
         from evolve.config import JudgeSettings
 
         if args.path and not Path(args.path).is_file():

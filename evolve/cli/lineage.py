@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -148,58 +147,16 @@ class PromoteCommand(Command):
         parser.add_argument("--name", default=None, help="registered model name")
 
     def take_action(self, args: argparse.Namespace) -> int:
-        from archive import edit_label
-        from evaluator.judge import Judge
-        from evolve.config import RunConfig
-        from evolve.run import lineage_rows
-        from mlflow_runs import (call_spec, champion_header, ensure_store, example_inputs, individual_run,
-                                 register_champion, run_link, with_docstring)
-        from mutations import read_tunables
-        from mutations._base import parse
-        from mutations.tuning.discovery import discover
+        from evolve.promote import promote_champion
 
         archive = archive_at(args.data_dir)
-        meta = run_meta(archive, args.run)
-        champion_id = meta.get("champion_id")
-        if not champion_id:
-            raise UsageError(f"run {args.run} has no champion yet; let it finish or 'evolve resume {args.run}'")
-        config = RunConfig.from_dict(meta["config"])
-        task = config.task.task()
-        chain = lineage_rows(archive, args.run, champion_id)
-        source = chain[-1]["source"]
-        judge = Judge(config.judge.judge_config(args.data_dir))
-        result = judge.evaluate(source, task)        # re-verified, never taken on trust
-        if not result.ok:
-            print(f"evolve: champion {champion_id} no longer passes the judge: {result.status.value}: "
-                  f"{result.error}", file=sys.stderr)
+        done = promote_champion(archive, args.data_dir, args.run, run_meta(archive, args.run),
+                                to=args.to, name=args.name)
+        if not done.ok:
+            print(f"evolve: champion {done.champion_id} no longer passes the judge: {done.error}", file=sys.stderr)
             return 1
-        # a reference file's task by its file's name (reference_name: the key's first part), not "reference"
-        name = args.name or re.sub(r"[^A-Za-z0-9_.-]", "_", f"{task.key.split('/')[0]}_{config.judge.chip}")
-        found = individual_run(args.data_dir, args.run, champion_id)
-        link = f"http://127.0.0.1:5000/#/experiments/{found[0]}/runs/{found[1]}" if found else None
-        tunables = read_tunables(source)
-        found_tunables = {t.name: t.value for t in discover(parse(source), task).values() if len(t.legal) > 1}
-        header = champion_header(name=name, run_id=args.run, individual_id=champion_id,
-                                 lineage=[edit_label(r) for r in chain[1:]], task=task, result=result,
-                                 tunables={**found_tunables, **tunables},
-                                 run_link=link + " (with 'evolve ui')" if link else None)
-        promoted = with_docstring(source, header)
-        out = Path(args.to or f"champion-{args.run}.py")
-        out.write_text(promoted)
-        ensure_store(args.data_dir)
-        m, p = result.metrics, result.provenance
-        provenance = {"run_id": args.run, "individual_id": champion_id, "task_key": task.key,
-                      "individual_mlflow_run": found[1] if found else None, "status": result.status.value,
-                      "timing_source": p.timing_source, "chip": p.chip, "libtpu_version": p.libtpu_version,
-                      "jax_version": p.jax_version, "latency_s": m.latency_s, "estimated_cycles": m.estimated_cycles,
-                      "speedup_vs_reference": m.speedup_vs_reference, "max_abs_error": m.max_abs_error}
-        description = "```\n" + header + "\n```" + (
-            f"\n\nThe individual's run, with its lineage: {run_link(found[0], found[1], champion_id)}"
-            if found else "")
-        version = register_champion(promoted, name, provenance, call=call_spec(task), description=description,
-                                    example=example_inputs(task, tunables), data_dir=args.data_dir)
-        print(f"promoted {champion_id} to {out}; registered as models:/{name}@champion "
-              f"(version {getattr(version, 'version', version)}); the file's docstring says how to call it")
+        print(f"promoted {done.champion_id} to {done.path}; registered as models:/{done.name}@champion "
+              f"(version {getattr(done.version, 'version', done.version)}); the file's docstring says how to call it")
         return 0
 
 

@@ -117,7 +117,7 @@ class RunCommand(Command):
         from evolve.executors.base import open_executor
         from evolve.run import EvolutionRun
 
-        from evolve.start import resolve_start
+        from evolve.start.resolve import resolve_start
 
         config = _config_from_args(args)
         task = config.task.task()
@@ -145,7 +145,7 @@ class ResumeCommand(Command):
         from evolve.config import RunConfig
         from evolve.executors.base import open_executor
         from evolve.run import EvolutionRun
-        from evolve.start import check_same_start, resolve_start
+        from evolve.start.resolve import check_same_start, resolve_start
 
         archive = archive_at(args.data_dir)
         meta = run_meta(archive, args.run)
@@ -211,7 +211,7 @@ class StatusCommand(Command):
     def print_run(self, archive, run_id: str, meta: dict, df, *, ids: bool) -> int:
         import pandas as pd
 
-        from evolve.stages import format_breakdown
+        from evolve.experiments.stages import format_breakdown
 
         pd.set_option("display.width", 160)
         if df.empty:
@@ -232,7 +232,7 @@ class StatusCommand(Command):
 
     def run_document(self, archive, run_id: str, meta: dict, df, *, ids: bool) -> dict:
         """The run as one JSON object: its record, generations, champion and seconds per stage."""
-        from evolve.stages import stage_seconds
+        from evolve.experiments.stages import stage_seconds
 
         champion_id, chain = champion_chain(archive, run_id, meta)
         champion = None

@@ -12,9 +12,9 @@ class SeedsCommand(Command):
     help = "list the seeds known by name (built in, or from installed packages) and their default tasks"
 
     def take_action(self, args: argparse.Namespace) -> int:
-        from evolve.start import declared_starts, installed_version
+        from evolve.start.resolve import declared_starts, installed_version
         from seeds import builtin_seeds, load_seed
-        from seeds.reference import ReferenceSeed
+        from seeds import ReferenceSeed
 
         for name in builtin_seeds():
             seed = load_seed(name)

@@ -18,7 +18,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from seeds.registry import Registry
+from seeds import Registry
 from evolve.errors import UsageError
 
 # How a submitted call judges one source: (source, cut) -> EvalResult; never raises.

@@ -28,8 +28,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from evaluator.result import EvalResult, Status
-from evaluator.containment.sandbox import Interrupted
+from evaluator import EvalResult, Status
+from evaluator import Interrupted
 from evolve.errors import UsageError
 from evolve.executors.base import Executor, Judging
 
@@ -105,7 +105,7 @@ class RayExecutor(Executor):
         options: dict[str, Any] = {"num_cpus": 1, "max_retries": 1}
         if tpus:
             options["resources"] = {"TPU": 1}
-        from evaluator.remote import judge_on_this_node, warm_up
+        from evaluator import judge_on_this_node, warm_up
 
         self._task = ray.remote(judge_on_this_node).options(**options)
         # Every worker process loads the judge and tries its jail while this process times the
@@ -142,7 +142,7 @@ class RayExecutor(Executor):
         return self._pool.submit(fn, *args)
 
     def judging(self, judge, task) -> Judging:
-        from evaluator.remote import JudgeSpec
+        from evaluator import JudgeSpec
 
         spec = self._ray.put(JudgeSpec.of(judge, task))   # once per task: every node reads it from Ray
         provenance = judge.provenance(task)

@@ -11,6 +11,7 @@ from typing import Any
 
 import libcst as cst
 
+from .. import _sites
 from .block_fields import set_literals
 from .discovery import _functions, discover
 
@@ -45,6 +46,11 @@ def required_defaults(module: cst.Module, task: Any) -> tuple[cst.Module, dict[s
     legal values nearest START, found by trying an integer or a tuple of 1 to 3 of them and keeping
     what discovery then follows into the BlockSpecs. Returns the module and ``{param: default}``
     ({} when nothing is missing): a kernel that cannot run as written becomes one the search moves."""
+    with _sites.scope(task):
+        return _required_defaults(module, task)
+
+
+def _required_defaults(module: cst.Module, task: Any) -> tuple[cst.Module, dict[str, Any]]:
     entry = getattr(task, "entry", None)
     fn = _functions(module).get(entry or "")
     if fn is None:

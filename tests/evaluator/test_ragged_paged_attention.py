@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from evaluator.judge import Judge, JudgeConfig
-from evolve.start import resolve_start
+from evolve.start.resolve import resolve_start
 from evaluator.result import Status
 from seeds import load_seed
 from tests.judging import judge_all

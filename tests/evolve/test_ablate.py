@@ -51,7 +51,7 @@ def test_leave_one_out_drops_exactly_the_edits_that_do_not_pay():
     import dataclasses
 
     from evaluator.result import EvalResult, Metrics, Status
-    from evolve.ablation import Entry, drop_what_does_not_pay
+    from evolve.experiments.ablation import Entry, drop_what_does_not_pay
     from mutations import Edit
     from mutations._replay import replay_applicable
     from seeds.flash_attention.task import AttentionTask

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from evolve.bench import Trial, evaluations_to, summarise
+from evolve.experiments.bench import Trial, evaluations_to, summarise
 from tests.evolve.test_run import evolve
 
 
@@ -69,7 +69,7 @@ def test_repeats_report_a_median_and_quartiles():
     assert ga["final_speedup_spread"] == (3.0, 2.0, 4.0)
     # Target 95% of 5.0: only the last repeat reached it (at 2); the others count as budget + 1.
     assert ga["evaluations_spread"] == (3.0, 3.0, 3.0) and ga["reached_target"] == "1/5"
-    from evolve.bench import format_table
+    from evolve.experiments.bench import format_table
 
     table = format_table(s, 2)
     assert "3.000 [2.000, 4.000]" in table and ">2 [>2, >2]" in table

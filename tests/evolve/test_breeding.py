@@ -7,10 +7,10 @@ import random
 
 from evaluator.result import EvalResult, Metrics, Status
 from evolve.config import RunConfig, SearchConfig, TaskConfig
-from evolve.individual import Individual
-from evolve.search import Search
-from evolve.start import resolve_start
-from evolve.variation import block_shapes, covering_shapes
+from evolve.search.individual import Individual
+from evolve.search.loop import Search
+from evolve.start.resolve import resolve_start
+from evolve.search.variation import block_shapes, covering_shapes
 from mutations import Edit, block_values, get_operator, replay
 from seeds.flash_attention.task import AttentionTask
 

@@ -1,4 +1,4 @@
-"""Grafting a seed's kernel into a larger workload (evolve/graft.py): what matches, what is refused,
+"""Grafting a seed's kernel into a larger workload (evolve/start/graft.py): what matches, what is refused,
 and the CLI's start from the matmul seed on ``gelu(x @ w + b)``, judged and fused."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from evolve.graft import Graft, graft, graft_file
+from evolve.start.graft import Graft, graft, graft_file
 from seeds.reference import kernel_entry
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,10 +15,10 @@ from evaluator.result import EvalResult, Metrics, Status
 from evolve.config import RunConfig, SearchConfig
 from evolve.errors import UsageError
 from evolve.executors.base import LocalExecutor
-from evolve.individual import Individual
-from evolve.search import Search
-from evolve.surrogate import Surrogate
-from evolve.variation import mutate
+from evolve.search.individual import Individual
+from evolve.search.loop import Search
+from evolve.search.surrogate import Surrogate
+from evolve.search.variation import mutate
 from mutations import Edit, operator_names, read_tunables, replay
 from seeds.flash_attention.task import AttentionTask
 
@@ -160,7 +160,7 @@ def test_no_worker_waits_for_a_straggler():
 
 
 def test_the_logbook_has_the_generation_figures_of_the_kernels_that_passed():
-    from evolve.search import make_statistics
+    from evolve.search.loop import make_statistics
 
     pool = [_judged(_with_blocks(256, 256), Status.PASS, 900_000, 1.0),
             _judged(_with_blocks(512, 512), Status.PASS, 400_000, 2.0),
@@ -204,7 +204,7 @@ def test_replaying_a_recombined_history_drops_the_edits_that_do_nothing():
 
 
 def test_the_first_population_covers_every_legal_size_of_each_block():
-    from evolve.variation import block_shapes
+    from evolve.search.variation import block_shapes
 
     for rng_seed in range(3):
         children = block_shapes(SEED, TASK, random.Random(rng_seed), 5, max_chain=1)
@@ -219,8 +219,8 @@ def test_the_first_shapes_carry_every_operator_that_applies_and_replay():
     other operator that applies, once each, prerequisites first (causal_skip before diagonal
     strips): a multi-step kernel whose first step alone does not pay is judged in the first
     population. Those after them do not."""
-    from evolve.search import search_operators
-    from evolve.variation import block_shapes
+    from evolve.search.loop import search_operators
+    from evolve.search.variation import block_shapes
 
     ops = search_operators("v5e")
     for rng_seed in range(3):
@@ -261,7 +261,7 @@ def test_a_child_that_failed_for_want_of_vmem_is_repaired_next():
 def test_a_square_block_also_steps_as_a_square():
     """Equal sizes of a block shape move a step together (block_q = block_k_major = 1024 to 2048,
     block_k kept): the local step offers it beside the one-size steps."""
-    from evolve.variation import tied_steps
+    from evolve.search.variation import tied_steps
     from mutations import get_operator
 
     source, task = _jax_flash_attention()
@@ -314,7 +314,7 @@ def test_a_kernel_that_failed_is_never_a_parent():
 
 
 def test_a_tweak_moves_one_edit_to_its_nearest_other_value():
-    from evolve.variation import tweak_edit
+    from evolve.search.variation import tweak_edit
 
     edits = [Edit("block_sizes", {"tunable": "BLOCK_Q", "value": 1024}),
              Edit("block_sizes", {"tunable": "BLOCK_KV", "value": 1024}),
@@ -356,7 +356,7 @@ def test_the_surrogate_sees_a_square_block_apart_from_its_sides():
 
 
 def test_a_drop_undoes_one_edit_and_what_needed_it():
-    from evolve.variation import drop_edit
+    from evolve.search.variation import drop_edit
 
     edits = [Edit("block_sizes", {"tunable": "BLOCK_Q", "value": 1024}),
              Edit("block_sizes", {"tunable": "BLOCK_KV", "value": 1024}),
@@ -418,14 +418,14 @@ def test_the_local_step_walks_the_champion_s_neighbours_once_each():
 def _jax_flash_attention():
     """JAX's installed flash attention (read at test time) and its task, as --start jax gives them."""
     from evolve.config import TaskConfig
-    from evolve.start import resolve_start
+    from evolve.start.resolve import resolve_start
 
     config = TaskConfig(seed="flash_attention", start="jax")
     return resolve_start("jax", config.load_seed()).source, config.task()
 
 
 def test_a_block_shape_s_tweak_moves_one_size_a_step():
-    from evolve.variation import nearest, shape_steps
+    from evolve.search.variation import nearest, shape_steps
     from mutations import get_operator
 
     source, task = _jax_flash_attention()

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from evolve.errors import UsageError
-from evolve.start import check_same_start, resolve_start
+from evolve.start.resolve import check_same_start, resolve_start
 from seeds import load_seed
 
 ROOT = Path(__file__).resolve().parents[2]

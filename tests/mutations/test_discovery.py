@@ -250,7 +250,7 @@ def test_jax_s_matmul_starts_with_a_block_shape_it_leaves_to_its_caller():
     """JAX's installed matmul (read at test time) takes ``block_shape`` with no default: a run
     from it gives it one, says so in the start's label, and keeps the source's sha256."""
     from evolve.config import TaskConfig
-    from evolve.start import resolve_start
+    from evolve.start.resolve import resolve_start
 
     config = TaskConfig(seed="matmul", shape="M=128,K=256,N=512")
     read = resolve_start("jax.experimental.pallas.ops.tpu.matmul", config.load_seed())

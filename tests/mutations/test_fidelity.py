@@ -35,7 +35,7 @@ def fidelity():
 
 @pytest.fixture(scope="module")
 def start() -> str:
-    from evolve.start import resolve_start
+    from evolve.start.resolve import resolve_start
 
     return resolve_start("jax", load_seed("flash_attention")).source
 

@@ -292,7 +292,7 @@ def test_dimension_semantics_keeps_the_parallel_axes_a_prefix():
 
 def test_dimension_semantics_cannot_pay_on_one_tensorcore():
     from evaluator.chips import CHIPS
-    from evolve.search import search_operators
+    from evolve.search.loop import search_operators
 
     op = get_operator("dimension_semantics")
     assert {name for name, chip in CHIPS.items() if op.pays_on(chip)} == {"v5p"}    # two TensorCores

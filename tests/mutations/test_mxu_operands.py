@@ -81,7 +81,7 @@ def test_a_transposed_operand_folds_into_the_contracting_dimensions(task):
 
 
 def test_on_an_f32_task_the_precision_rule_refuses_bf16_operands(tmp_path):
-    from seeds.reference import reference_seed
+    from seeds import reference_seed
 
     (tmp_path / "reference.py").write_text(
         "import jax, jax.numpy as jnp\n\n"

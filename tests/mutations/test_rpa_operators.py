@@ -11,7 +11,7 @@ import pytest
 
 from evaluator.judge import Judge, JudgeConfig
 from evaluator.result import Status
-from evolve.start import resolve_start
+from evolve.start.resolve import resolve_start
 from mutations import Edit, get_operator, replay
 from seeds import load_seed
 from tests.judging import judge_all

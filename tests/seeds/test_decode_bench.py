@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import pytest
 
-from seeds.flash_decoding.bench import PRICES, best_chain, sized_task
+from evolve.experiments.decode_bench import PRICES, best_chain, sized_task
 from evolve.errors import UsageError
 from seeds import load_seed
 from tests.evolve.test_run import evolve
@@ -57,7 +57,7 @@ def test_ragged_paged_attention_rows_are_timed_with_their_work_counted_on_data(t
     """--rpa adds JAX's ragged paged attention at its tuned blocks at each size (on v6e, where
     libtpu's profile can read its DMAs): its loops and page copies counted on the timing input,
     its HBM use read against its own task's work, no ratio to the decode task's XLA program."""
-    from seeds.flash_decoding.bench import rpa_task
+    from evolve.experiments.decode_bench import rpa_task
 
     r = evolve("decode-bench", "--chip", "v6e", "--shape", "B=4,H=8,HKV=2,N=2048,D=128,T=1", "--batches", "4",
                "--cache-lens", "2048", "--chips", "1", "--rpa", "--out", str(tmp_path), "--json", timeout=600)

@@ -164,10 +164,10 @@ def test_an_operator_is_one_module_and_one_test_file(tmp_path):
 def test_every_family_is_one_registry_style(family):
     from evaluator.figure.timing import TIMING_SOURCES
     from evolve.executors.base import EXECUTORS
-    from evolve.strategies import STRATEGIES
+    from evolve.search.strategies import STRATEGIES
     from mutations.registry import OPERATORS
-    from seeds._contract import SEEDS
-    from seeds.registry import Registry
+    from seeds import SEEDS
+    from seeds import Registry
 
     registry = {"operators": OPERATORS, "seeds": SEEDS, "timing": TIMING_SOURCES, "executors": EXECUTORS,
                 "strategies": STRATEGIES}[family]

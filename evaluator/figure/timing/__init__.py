@@ -6,7 +6,7 @@ line (here, or an entry point ``pallas_evolve.timing`` of an installed package).
 
 from __future__ import annotations
 
-from seeds.registry import Registry
+from seeds import Registry
 from evaluator.figure.timing._base import Timing, TimingSource
 
 __all__ = ["Timing", "TimingSource", "get_timing_source", "timing_choices", "TIMING_SOURCES"]

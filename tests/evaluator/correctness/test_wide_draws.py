@@ -17,7 +17,7 @@ from evaluator.result import Status
 from seeds import WIDE, WIDE_FACTORS, builtin_seeds, load_seed, wide_factor, widened
 from seeds.flash_attention.task import AttentionTask
 from seeds.flash_decoding.task import Task as DecodeTask
-from seeds.reference import reference_seed
+from seeds import reference_seed
 from tests.judging import judge_all
 
 ADVERSARIAL = Path(__file__).resolve().parents[1] / "adversarial"

@@ -12,7 +12,7 @@ from jax.experimental import pallas as pl
 from evaluator.judge import Judge, JudgeConfig
 from evaluator.program import wire
 from evaluator.result import Status
-from seeds.reference import reference_seed
+from seeds import reference_seed
 
 REFERENCE = '''
 import numpy as np

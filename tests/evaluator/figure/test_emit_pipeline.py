@@ -6,7 +6,7 @@ cannot follow: never a free figure, and never reported as a wrong answer."""
 from __future__ import annotations
 
 from evaluator.result import Status
-from seeds.reference import reference_seed
+from seeds import reference_seed
 
 REFERENCE = '''
 import jax, jax.numpy as jnp

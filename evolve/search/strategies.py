@@ -1,5 +1,5 @@
 """Search strategies, side by side: the same loop, judge and archive; only how a child is bred
-differs. Each is a ``Search`` (evolve/search.py) overriding the first population and
+differs. Each is a ``Search`` (evolve/search/loop.py) overriding the first population and
 ``breed_one``, so every strategy runs steady-state on the same executor, takes results in the same
 order and meets the same budget of distinct kernels.
 
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import random
 
-from seeds.registry import Registry
+from seeds import Registry
 from evolve.errors import UsageError
-from evolve.individual import Individual
-from evolve.search import Search, item_rng
+from evolve.search.individual import Individual
+from evolve.search.loop import Search, item_rng
 
 
 class _FromSeed(Search):
@@ -51,8 +51,8 @@ class RandomSearch(_FromSeed):
 
 
 # A family (seeds/registry.py): built-ins here, others by the entry-point group pallas_evolve.strategies.
-STRATEGIES = Registry("strategies", {"ga": "evolve.search:Search", "ratchet": "evolve.strategies:Ratchet",
-                                     "random": "evolve.strategies:RandomSearch"}, member="strategy")
+STRATEGIES = Registry("strategies", {"ga": "evolve.search.loop:Search", "ratchet": "evolve.search.strategies:Ratchet",
+                                     "random": "evolve.search.strategies:RandomSearch"}, member="strategy")
 
 
 def strategy_class(name: str) -> type[Search]:

@@ -9,12 +9,12 @@ import itertools
 import random
 from pathlib import Path
 
-from evaluator.judge import Judge
-from evaluator.result import EvalResult
+from evaluator import Judge
+from evaluator import EvalResult
 from evolve.executors.base import Executor, LocalExecutor
 from mutations import Edit, all_operators
-from mutations._replay import replay_applicable
-from mutations.registry import shape_operator
+from mutations import replay_applicable
+from mutations import shape_operator
 
 
 @dataclasses.dataclass(frozen=True)

@@ -265,7 +265,7 @@ def graft_file(kernel_source: str, kernel_path: str | Path, reference_path: str 
     """The graft of the kernel at ``kernel_path`` into the workload of ``reference_path``: None
     where none is wanted (the kernel has an entry taking the workload's inputs, or no reference file
     of its own beside it, or it is that file's kernel), else the Graft or one line saying why not."""
-    from seeds.reference import ReferenceError, kernel_entry
+    from seeds import ReferenceError, kernel_entry
 
     own = own_reference(kernel_path)
     reference_path = Path(reference_path)

@@ -8,10 +8,10 @@ import math
 import random
 from typing import Any
 
-from evolve.individual import Individual
+from evolve.search.individual import Individual
 from mutations import Edit, all_operators, get_operator
-from mutations._replay import replay_applicable
-from mutations.tuning.block_sizes import consistent
+from mutations import replay_applicable
+from mutations import consistent
 
 
 # The chance that a move's next edit is drawn among the operators its last edit made applicable.
@@ -118,7 +118,7 @@ def block_shapes(seed: Individual, task: Any, rng: random.Random, count: int, ge
     1..max_chain-1 other operators, drawn to cover every operator before any repeats: a first
     population that spans the block shapes and tells the search (and its surrogate) what each
     operator does."""
-    from mutations.registry import shape_operator
+    from mutations import shape_operator
 
     blocks = shape_operator()
     if blocks is None:

@@ -15,7 +15,7 @@ run steady-state so that no worker waits for a generation's straggler.
         child    <- crossover (replay two edit histories), a drop (the parent without one of its
                     edits, the least-paying operator's most likely) or mutation (a chain of
                     operators, drawn by what has paid so far);
-                    oversample x candidates ranked by the surrogate (evolve/surrogate.py) once
+                    oversample x candidates ranked by the surrogate (evolve/search/surrogate.py) once
                     it has data; the best ranked is judged
     a "generation" is a bookkeeping unit: every population - hall_of_fame items taken in.
 
@@ -37,13 +37,13 @@ from typing import Any
 from deap import tools
 
 from evolve.config import RunConfig
-from evolve.individual import Individual
-from evolve.surrogate import Surrogate
-from evolve.toolbox import make_statistics, make_toolbox
-from evolve.variation import (block_shapes, drop_chance, dropped, knobs, nearest,
+from evolve.search.individual import Individual
+from evolve.search.surrogate import Surrogate
+from evolve.search.toolbox import make_statistics, make_toolbox
+from evolve.search.variation import (block_shapes, drop_chance, dropped, knobs, nearest,
                               tied_steps, tweak_chance, tweaked)
 from mutations import all_operators, block_values, read_tunables
-from mutations._replay import replay_applicable
+from mutations import replay_applicable
 
 
 
@@ -76,7 +76,7 @@ def beats(challenger: Individual, champion: Individual | None) -> bool:
 
 def search_operators(chip: str) -> list:
     """The operators the search draws from: those that can pay on the judge's chip."""
-    from evaluator.chips import get_chip
+    from evaluator import get_chip
 
     target = get_chip(chip)
     return [op for op in all_operators() if op.pays_on(target)]

@@ -22,8 +22,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from evaluator.judge import Judge
-from evaluator.figure.roofline import roofline
+from evaluator import Judge
+from evaluator import roofline
 from evaluator.versions import versions
 from evolve.errors import UsageError
 from mutations import Edit, replay

@@ -11,7 +11,7 @@
 * a path: the file (a seed directory: its ``kernel.py``).
 
 With a reference file as the task (``--reference R.py``), a kernel that sits beside a reference
-file of its own and takes fewer inputs than R's workload is grafted into it (``evolve/graft.py``:
+file of its own and takes fewer inputs than R's workload is grafted into it (``evolve/start/graft.py``:
 the matmul seed on ``gelu(x @ w + b)``), and its label says so.
 
 The seed's trusted task judges the source, as it judges any file. A :class:`Start` records where
@@ -52,7 +52,7 @@ class Start:
     # and the sha256 of the source as read (what a resumed run checks).
     defaults: tuple[tuple[str, Any], ...] = ()
     read_sha256: str | None = None
-    grafted: str = ""         # how the source was grafted into a reference file's workload (evolve/graft.py)
+    grafted: str = ""         # how the source was grafted into a reference file's workload (evolve/start/graft.py)
 
     @property
     def sha256(self) -> str:
@@ -64,15 +64,13 @@ class Start:
         (``mutations.tuning.defaults.required_defaults``); itself when nothing is missing."""
         import libcst as cst
 
-        from mutations import _sites
-        from mutations.tuning.defaults import required_defaults
+        from mutations import required_defaults
 
         try:
             module = cst.parse_module(self.source)
         except cst.ParserSyntaxError:
             return self               # the judge says what is wrong with it
-        with _sites.scope(task):
-            module, given = required_defaults(module, task)
+        module, given = required_defaults(module, task)
         if not given:
             return self
         return dataclasses.replace(self, source=module.code, defaults=tuple(given.items()), read_sha256=self.sha256)
@@ -101,12 +99,12 @@ def resolve_start(spec: str | None, seed, *, file: bool = False) -> Start:
     """The start ``spec`` names for ``seed`` (a seeds.Seed); ``file``: ``spec`` is a path whatever it
     looks like (a command's FILE argument). UsageError when it cannot be read. For a reference
     file's task, a kernel beside a reference file of its own whose entry takes fewer inputs than
-    the workload is grafted into the workload (evolve/graft.py)."""
+    the workload is grafted into the workload (evolve/start/graft.py)."""
     start = _resolve(spec, seed, file)
     reference = getattr(seed, "reference", None)
     if reference is None or start.kind == "module":
         return start
-    from evolve.graft import graft_file
+    from evolve.start.graft import graft_file
 
     done = graft_file(start.source, start.path, reference)
     if isinstance(done, str):

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from deap import base, tools
 
 from evolve.config import RunConfig
-from evolve.variation import crossover, drop_edit, mutate, tweak_edit
+from evolve.search.variation import crossover, drop_edit, mutate, tweak_edit
 
 
 def make_toolbox(config: RunConfig, seed_source: str, task, *, evaluate: Callable,

@@ -1,6 +1,6 @@
 """`evolve bench`: search strategies measured side by side on one task, one judge, one archive.
 
-Each strategy (evolve/strategies.py) runs as an ordinary evolution run with the same budget of
+Each strategy (evolve/search/strategies.py) runs as an ordinary evolution run with the same budget of
 distinct kernels, the same executor and the same data directory, once per repeat (repeat r uses
 RNG seed base + r). A kernel judged once serves every strategy: the archive answers, so repeats
 and overlapping strategies cost only the kernels nobody judged yet.

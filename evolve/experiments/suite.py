@@ -27,11 +27,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from evolve.bench import reference_cost, result_cost as _cost
+from evolve.experiments.bench import reference_cost, result_cost as _cost
 from evolve.config import JudgeSettings, RunConfig, TaskConfig
 from evolve.errors import UsageError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TARGET = 0.95
 JAX_FLASH = "jax.experimental.pallas.ops.tpu.flash_attention"
 # The task's XLA program, judged beside the champion: a peer of every task, the only one where the
@@ -150,7 +150,7 @@ def suite_tasks(name: str) -> tuple[SuiteTask, ...]:
             raise UsageError(f"suite file {name}, task {i}: no peer file for {', '.join(missing)} "
                              "(paths are relative to the suite file)")
         if table.get("timing") is not None:
-            from evaluator.figure.timing import timing_choices
+            from evaluator import timing_choices
 
             if table["timing"] not in timing_choices():
                 raise UsageError(f"suite file {name}, task {i}: unknown timing source {table['timing']!r}; "
@@ -171,7 +171,7 @@ def _cached_peers(path: Path) -> dict[str, Any]:
 def judge_peers(run, executor, extra: tuple[tuple[str, str], ...], cache_path: Path) -> dict[str, float | None]:
     """Each peer's cost under the run's judge (None: it did not pass), judged once per source,
     task and judge (the cache sits in the suite's fingerprinted directory)."""
-    from evaluator.result import EvalResult
+    from evaluator import EvalResult
 
     paths = {**run.seed.peer_paths(), **{label: ROOT / rel for label, rel in extra}}
     missing = [f"{label} ({path})" for label, path in paths.items() if not path.is_file()]
