@@ -22,15 +22,22 @@ def _modules() -> dict[str, Path]:
     return out
 
 
+def _absolute(package: str, node: ast.ImportFrom) -> str:
+    """The module a ``from ... import`` names, a relative one resolved against ``package``."""
+    base = node.module or ""
+    if not node.level:
+        return base
+    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+    return ".".join(anchor + ([base] if base else []))
+
+
 def _face(path: Path, package: str) -> dict[str, str]:
     """What a package's ``__init__`` exports, name -> the module that defines it: its ``from X import
     name`` lines and a lazy ``_EXPORTS = {name: module}`` table (evaluator's)."""
     out = {}
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            base = _absolute(package, node)
             out.update({alias.asname or alias.name: base for alias in node.names})
         elif isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "_EXPORTS" for t in node.targets):
             out.update(ast.literal_eval(node.value))
@@ -47,10 +54,7 @@ def _targets(name: str, path: Path, node) -> list[str]:
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     if isinstance(node, ast.Import):
         return [alias.name for alias in node.names]
-    base = node.module or ""
-    if node.level:
-        anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-        base = ".".join(anchor + ([base] if base else []))
+    base = _absolute(package, node)
     return [base] + [f"{base}.{alias.name}" for alias in node.names]
 
 

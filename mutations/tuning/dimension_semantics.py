@@ -95,25 +95,28 @@ def _without_indices(node: cst.CSTNode) -> cst.CSTNode | None:
     return None
 
 
-def _branches_on_axis(kernel: cst.FunctionDef, axis: int) -> bool:
+def _branches_on_axis(kernel: cst.CSTNode, axis: int) -> bool:
     """Whether a comparison in the kernel depends on the axis's program id, through any chain of
     assignments (reading it as an index, e.g. ``lengths_ref[b]``, is not branching on it)."""
-    tainted: set[str] = set()
 
-    def mentions(node: cst.CSTNode) -> bool:
+    def facts(node: cst.CSTNode) -> tuple[bool, set[str]]:
+        """Whether ``node`` reads the axis's program id itself, and the names it reads (each node
+        rewritten once: the taint below is a fixpoint over these, not over the tree)."""
         node = C.transform(node, _without_indices)
         calls = [c for c in C.iter_calls(node, "pl.program_id")
                  if c.args and isinstance(c.args[0].value, cst.Integer) and c.args[0].value.evaluated_value == axis]
-        return bool(calls) or bool(C.names_in(node) & tainted)
+        return bool(calls), C.names_in(node)
 
-    assigns = C.find_all(kernel, lambda n: isinstance(n, cst.Assign))
+    assigns = [([t.target.value for t in a.targets if isinstance(t.target, cst.Name)], facts(a.value))
+               for a in C.find_all(kernel, lambda n: isinstance(n, cst.Assign))]  # type: ignore[attr-defined]
+    tainted: set[str] = set()
     while True:
-        new = {t.target.value for a in assigns if mentions(a.value)  # type: ignore[attr-defined]
-               for t in a.targets if isinstance(t.target, cst.Name)} - tainted  # type: ignore[attr-defined]
+        new = {name for targets, (reads, names) in assigns if reads or names & tainted for name in targets} - tainted
         if not new:
             break
         tainted |= new
-    return any(mentions(n) for n in C.find_all(kernel, lambda n: isinstance(n, (cst.Comparison, cst.If))))
+    tests = (facts(n) for n in C.find_all(kernel, lambda n: isinstance(n, (cst.Comparison, cst.If))))
+    return any(reads or names & tainted for reads, names in tests)
 
 
 def why_not_parallel(module: cst.Module, axis: int, names: list[str] | None = None) -> str | None:

@@ -1,13 +1,11 @@
-"""Shared fixtures: one judge for the whole directory, tiny tasks, kernel variants of the seed."""
+"""Shared fixtures: tiny tasks, kernel variants of the seed (the session's judge: tests/conftest.py)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
-from evaluator.judge import Judge, JudgeConfig, StageBudgets
 from seeds.flash_attention.task import AttentionTask
 
 SEED_PATH = Path(__file__).resolve().parents[2] / "seeds" / "flash_attention" / "kernel.py"
@@ -19,14 +17,6 @@ TINY_FULL = AttentionTask(batch=1, heads=2, seq_len=256, head_dim=128, causal=Fa
 @pytest.fixture(scope="session")
 def seed_source() -> str:
     return SEED_PATH.read_text()
-
-
-@pytest.fixture(scope="session")
-def judge(tmp_path_factory) -> Judge:
-    cache = tmp_path_factory.mktemp("judge-cache")
-    budgets = StageBudgets(load_s=60, lower_s=60, compile_s=120, correctness_s=120)
-    return Judge(JudgeConfig(chip="v5e", budgets=budgets, cache_dir=str(cache),
-                             workers=min(2, os.cpu_count() or 1)))
 
 
 def variant(seed_source: str, old: str, new: str, count: int = 1) -> str:

@@ -1,5 +1,6 @@
-"""`evolve bench`: the report's arithmetic, and a real tiny bench where the archive serves every
-strategy (the seed is judged once for all of them)."""
+"""`evolve bench`: the report's arithmetic, and a tiny bench (on the fake judge: the bench's
+bookkeeping is the subject) where the archive serves every strategy (the seed is judged once for
+all of them)."""
 
 from __future__ import annotations
 
@@ -33,8 +34,7 @@ def test_evaluations_to_target_and_kernel_tuner_score():
 def test_a_tiny_bench_reports_every_strategy_and_judges_the_seed_once(tmp_path):
     data, out = tmp_path / "data", tmp_path / "out"
     r = evolve("bench", "--shape", "B=1,H=2,N=256,D=128", "--strategies", "ga,random", "--budget", "3",
-               "--repeats", "1",
-               "--data-dir", str(data), "--out", str(out))
+               "--repeats", "1", "--executor", "fake", "--data-dir", str(data), "--out", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "| ga | 1 |" in r.stdout and "| random | 1 |" in r.stdout and "compiler_estimate" in r.stdout
     report = json.loads((out / "bench.json").read_text())

@@ -94,7 +94,7 @@ def test_eval_start_judges_jax_s_own_module():
 def started_run(tmp_path_factory):
     data = tmp_path_factory.mktemp("start") / "data"
     r = evolve("run", "--start", "jax", *SMALL, "--population", "3", "--generations", "0", "--no-peers",
-               "--data-dir", str(data))
+               "--executor", "fake", "--data-dir", str(data))        # the start is the subject: the fake judge
     assert r.returncode == 0, r.stderr[-3000:]
     (run_id,) = [p.stem for p in (data / "runs").glob("*.json")]
     return data, run_id, r
