@@ -105,10 +105,11 @@ def test_a_tiny_suite_runs_beside_its_peer_and_a_second_run_judges_nothing(tmp_p
     kernel; the page's block rewritten with the commit and the command; run again, every kernel
     and the peer come back from the suite's archive, with the same figures."""
     (tmp_path / "suite.toml").write_text(TINY)
-    page = tmp_path / "page.md"
-    page.write_text(f"# figures\n{S.BEGIN}\n{S.END}\n")
+    page, readme = tmp_path / "page.md", tmp_path / "README.md"
+    for p in (page, readme):
+        p.write_text(f"# figures\n{S.BEGIN}\n{S.END}\n")
     args = ["bench", "--suite", str(tmp_path / "suite.toml"), "--budget", "2", "--data-dir", str(tmp_path / "d")]
-    first = evolve(*args, "--write", str(page), "--out", str(tmp_path / "r1"))
+    first = evolve(*args, "--write", str(page), "--write", str(readme), "--out", str(tmp_path / "r1"))
     assert first.returncode == 0, first.stderr[-3000:]
     one = json.loads((tmp_path / "r1" / "suite.json").read_text())["tasks"][0]
     assert one["status"] == "ok" and one["judged"] == 2 and one["kernels"] == 2
@@ -118,6 +119,7 @@ def test_a_tiny_suite_runs_beside_its_peer_and_a_second_run_judges_nothing(tmp_p
     assert one["best_known"] == min(one["champion"], one["peer_cost"])
     text = page.read_text()
     assert "at commit `" in text and "--budget 2 --write PAGE" in text and "| tiny (`flash_attention/B1-H2" in text
+    assert "at commit" not in readme.read_text() and "--budget 2 --write PAGE" in readme.read_text()   # no hash
     second = evolve(*args, "--out", str(tmp_path / "r2"))
     assert second.returncode == 0, second.stderr[-3000:]
     two = json.loads((tmp_path / "r2" / "suite.json").read_text())["tasks"][0]
