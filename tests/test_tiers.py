@@ -53,7 +53,7 @@ def test_the_fake_verdict_is_a_function_of_the_source():
 @pytest.fixture
 def tree(tmp_path, monkeypatch):
     """A repository of a few files, with tests/tiers.py pointed at it."""
-    for name, text in {"evaluator/judge.py": "J = 1\n", "seeds/task.py": "T = 1\n", "evolve/search.py": "S = 1\n",
+    for name, text in {"evaluator/judge.py": "J = 1\n", "seeds/task.py": "T = 1\n", "evolve/search/loop.py": "S = 1\n",
                        "evolve/run.py": "R = 1\n", "tests/evaluator/test_a.py": "def test(): pass\n",
                        "tests/evaluator/kernels/k.py": "K = 1\n", "tests/evaluator/test_b.py": "B = 1\n",
                        "pyproject.toml": "[project]\n"}.items():
@@ -62,7 +62,7 @@ def tree(tmp_path, monkeypatch):
     monkeypatch.setattr(tiers, "ROOT", tmp_path)
     monkeypatch.setattr(tiers, "RECORD", tmp_path / "tests" / "judged.json")
     record = {"date": "today", "versions": tiers._versions(), "in_process": ["evolve/run.py"],
-              "modules": {"tests/evaluator/test_a.py": {"passed": 1, "started": ["evolve/search.py"]}}}
+              "modules": {"tests/evaluator/test_a.py": {"passed": 1, "started": ["evolve/search/loop.py"]}}}
     module = record["modules"]["tests/evaluator/test_a.py"]
     module["fingerprint"] = tiers.fingerprint(tiers._module_files("tests/evaluator/test_a.py", tiers._common(), record))
     tiers.RECORD.write_text(json.dumps(record))
@@ -73,7 +73,7 @@ def _skipped() -> set[str]:
     return set(tiers.unchanged_modules()[0])
 
 
-@pytest.mark.parametrize("path", ["evaluator/judge.py", "seeds/task.py", "evolve/search.py", "evolve/run.py",
+@pytest.mark.parametrize("path", ["evaluator/judge.py", "seeds/task.py", "evolve/search/loop.py", "evolve/run.py",
                                   "tests/evaluator/test_a.py", "tests/evaluator/kernels/k.py", "pyproject.toml"])
 def test_a_module_runs_again_when_a_file_it_reads_changes_and_not_otherwise(tree, path):
     assert _skipped() == {"tests/evaluator/test_a.py"}
