@@ -49,9 +49,10 @@ ROOT = Path(__file__).resolve().parent.parent
 RECORD = ROOT / "tests" / "judged.json"
 JUDGE_DIRS = ("evaluator", "seeds", "examples")
 JUDGE_TESTS = ("tests/evaluator/", "tests/seeds/")
-# Modules elsewhere whose tests judge kernels with the real judge.
+# Modules elsewhere whose tests judge kernels with the real judge (Ray's: on a real Ray cluster).
 JUDGE_MODULES = (
-    "tests/evolve/cli/test_eval.py", "tests/evolve/test_graft.py",
+    "tests/evolve/cli/test_eval.py", "tests/evolve/test_graft.py", "tests/evolve/test_user_styles.py",
+    "tests/evolve/test_ablate.py", "tests/evolve/executors/test_ray_executor.py",
     "tests/mutations/test_accumulator.py", "tests/mutations/test_buffering.py", "tests/mutations/test_fidelity.py",
     "tests/mutations/test_fuse_epilogue.py", "tests/mutations/test_grid_order.py",
     "tests/mutations/test_mutation_property.py", "tests/mutations/test_mutation_slow.py",
@@ -59,7 +60,7 @@ JUDGE_MODULES = (
     "tests/mutations/test_rpa_operators.py",
 )
 HELPERS = ("tests/conftest.py", "tests/tiers.py", "tests/fake_judge.py", "tests/judging.py", "tests/procs.py",
-           "tests/__init__.py", "pyproject.toml")
+           "tests/cli_runs.py", "tests/__init__.py", "pyproject.toml")
 
 
 def rel(path: Path | str) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from mutations import operator_names
-from tests.evolve.test_run import evolve
+from tests.cli_runs import evolve
 
 
 def test_ablate_json_has_every_operator_the_grid_and_jax(tmp_path):

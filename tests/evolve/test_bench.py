@@ -9,7 +9,7 @@ import json
 import pytest
 
 from evolve.experiments.bench import Trial, evaluations_to, summarise
-from tests.evolve.test_run import evolve
+from tests.cli_runs import evolve
 
 
 def _trial(strategy: str, curve: list[float], cost: float, repeat: int = 0) -> Trial:

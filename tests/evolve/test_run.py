@@ -13,17 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_runs import evolve
 from tests.procs import alive
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL_WITH_PEERS = ["--shape", "B=1,H=2,N=256,D=128", "--population", "4", "--generations", "2", "--rng-seed", "7"]
 SMALL = SMALL_WITH_PEERS + ["--no-peers"]
-
-
-def evolve(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", DO_NOT_TRACK="1")
-    return subprocess.run([sys.executable, "-m", "evolve", *args], capture_output=True, text=True,
-                          cwd=ROOT, timeout=timeout, env=env)
 
 
 def run_id_of(data_dir: Path) -> str:

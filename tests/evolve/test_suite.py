@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from evolve.experiments import suite as S
-from tests.evolve.test_run import evolve
+from tests.cli_runs import evolve
 
 TINY = '[[task]]\nlabel = "tiny"\nshape = "B=1,H=2,N=256,D=128"\n'
 

@@ -10,7 +10,7 @@ import pytest
 from evolve.experiments.decode_bench import PRICES, best_chain, sized_task
 from evolve.errors import UsageError
 from seeds import load_seed
-from tests.evolve.test_run import evolve
+from tests.cli_runs import evolve
 
 SHAPE = "B=8,H=8,HKV=8,N=2048,D=128,T=1"
 
