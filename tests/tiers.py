@@ -166,9 +166,21 @@ def _passed_by_module(junit: Path) -> tuple[dict[str, int], set[str]]:
     return passed, failed
 
 
+def _snapshot() -> dict[str, str]:
+    """Every file of the repository (but its venv, git and caches) -> the SHA-256 of its bytes."""
+    out = {}
+    for path in ROOT.rglob("*"):
+        parts = path.relative_to(ROOT).parts
+        if parts[0] in (".venv", ".git") or "__pycache__" in parts or not path.is_file():
+            continue
+        out[path.relative_to(ROOT).as_posix()] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
 def record(pytest_args: list[str]) -> int:
-    """Run the judge tier; write tests/judged.json for each module whose every test passed."""
-    before = fingerprint(_common())
+    """Run the judge tier; write tests/judged.json for each module whose every test passed, none of
+    whose files changed while it ran."""
+    before = _snapshot()
     with tempfile.TemporaryDirectory(prefix="pallas-evolve-imports-") as logs:
         env = dict(os.environ, PALLAS_EVOLVE_IMPORT_LOG=logs)
         env.pop("PALLAS_EVOLVE_TIERS", None)
@@ -176,6 +188,9 @@ def record(pytest_args: list[str]) -> int:
         started = dt.datetime.now(dt.UTC)
         proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m",
                                "judge and not slow", f"--junitxml={junit}", *pytest_args], cwd=ROOT, env=env)
+        if not junit.is_file():
+            print("judge tier: pytest ran no test; nothing recorded", file=sys.stderr)
+            return proc.returncode or 1
         passed, failed = _passed_by_module(junit)
         deselected = Path(logs) / "deselected.list"
         failed |= set(deselected.read_text().split()) if deselected.is_file() else set()   # not run whole
@@ -188,9 +203,8 @@ def record(pytest_args: list[str]) -> int:
                 in_process |= files
             else:
                 started_by.setdefault(tag.removeprefix("started~").replace("~", "/"), set()).update(files)
-    if fingerprint(_common()) != before:
-        print("judge tier: files changed while it ran; nothing recorded", file=sys.stderr)
-        return 1
+    after = _snapshot()
+    moved = {name for name in before.keys() | after.keys() if before.get(name) != after.get(name)}
     record = {"date": started.strftime("%Y-%m-%d %H:%M UTC"), "versions": _versions(),
               "minutes": round((dt.datetime.now(dt.UTC) - started).total_seconds() / 60, 1),
               "command": " ".join(["python -m tests.tiers record", *pytest_args]),
@@ -198,9 +212,15 @@ def record(pytest_args: list[str]) -> int:
     common = _common()
     for module in sorted(set(passed) - failed):
         record["modules"][module] = {"passed": passed[module], "started": sorted(started_by.get(module, set()))}
-        record["modules"][module]["fingerprint"] = fingerprint(_module_files(module, common, record))
+        files = _module_files(module, common, record)
+        if files & moved:                 # what it ran is not what is here now: not recorded
+            failed.add(module)
+            del record["modules"][module]
+            continue
+        record["modules"][module]["fingerprint"] = fingerprint(files)
     RECORD.write_text(json.dumps(record, indent=1) + "\n")
-    left = f"; not recorded (a test failed or was not run): {', '.join(sorted(failed))}" if failed else ""
+    left = f"; not recorded (a test failed, was not run, or a file it reads changed meanwhile): " \
+           f"{', '.join(sorted(failed))}" if failed else ""
     print(f"judge tier: {len(record['modules'])} modules recorded in {rel(RECORD)}{left}", file=sys.stderr)
     return proc.returncode
 
