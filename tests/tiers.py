@@ -19,8 +19,8 @@ versions of Python, jax, jaxlib and libtpu, and the bytes of:
    worker, which import only these, jax and the standard library), listed anew at each check, so
    a file added or removed moves it;
 2. the module itself, every other file in its folder that is not a test module (conftests, kernels,
-   candidates, goldens) and below it, tests/conftest.py, this file, the fake judge, the tests'
-   helpers and pyproject.toml (the pins);
+   candidates, goldens) and below it, tests/conftest.py, the fake judge, the tests' helpers and
+   pyproject.toml (the pins);
 3. every project file the record's pytest processes imported (the tier runs alone there, so these
    are what its modules and their helpers import), kept in judged.json and hashed again;
 4. every project file a process that the module's tests started imported (``python -m evolve``
@@ -59,7 +59,9 @@ JUDGE_MODULES = (
     "tests/mutations/test_mxu_operands.py", "tests/mutations/test_production_kernels.py",
     "tests/mutations/test_rpa_operators.py",
 )
-HELPERS = ("tests/conftest.py", "tests/tiers.py", "tests/fake_judge.py", "tests/judging.py", "tests/procs.py",
+# (This file is not among them: it chooses which modules run and records them; what it does is
+# tests/test_tiers.py's subject, which always runs.)
+HELPERS = ("tests/conftest.py", "tests/fake_judge.py", "tests/judging.py", "tests/procs.py",
            "tests/cli_runs.py", "tests/__init__.py", "pyproject.toml")
 
 
@@ -68,7 +70,10 @@ def rel(path: Path | str) -> str:
 
 
 def in_judge_tier(path: Path | str) -> bool:
-    r = rel(path)
+    try:
+        r = rel(path)
+    except ValueError:            # a test file outside the repository (a plugin's, made by a test)
+        return False
     return r.startswith(JUDGE_TESTS) or r in JUDGE_MODULES
 
 
@@ -210,6 +215,18 @@ def record(pytest_args: list[str]) -> int:
               "command": " ".join(["python -m tests.tiers record", *pytest_args]),
               "in_process": sorted(in_process - {"tests/judged.json"}), "modules": {}}
     common = _common()
+    kept = []
+    if RECORD.is_file():          # what an earlier record holds and this run did not run: kept if it still holds
+        earlier = json.loads(RECORD.read_text())
+        for module, entry in earlier.get("modules", {}).items():
+            if module not in passed and module not in failed and (ROOT / module).is_file() and \
+                    fingerprint(_module_files(module, common, earlier)) == entry["fingerprint"]:
+                record["modules"][module] = entry
+                kept.append(module)
+        if kept:                  # (the union of both runs' imports: more files, never fewer)
+            record["in_process"] = sorted(set(record["in_process"]) | set(earlier.get("in_process", [])))
+    for module in kept:
+        record["modules"][module]["fingerprint"] = fingerprint(_module_files(module, common, record))
     for module in sorted(set(passed) - failed):
         record["modules"][module] = {"passed": passed[module], "started": sorted(started_by.get(module, set()))}
         files = _module_files(module, common, record)
@@ -219,6 +236,7 @@ def record(pytest_args: list[str]) -> int:
             continue
         record["modules"][module]["fingerprint"] = fingerprint(files)
     RECORD.write_text(json.dumps(record, indent=1) + "\n")
+    failed = {m for m in failed if in_judge_tier(ROOT / m)}
     left = f"; not recorded (a test failed, was not run, or a file it reads changed meanwhile): " \
            f"{', '.join(sorted(failed))}" if failed else ""
     print(f"judge tier: {len(record['modules'])} modules recorded in {rel(RECORD)}{left}", file=sys.stderr)
