@@ -112,8 +112,12 @@ def fingerprint(files: set[str]) -> str:
     return digest.hexdigest()
 
 
+SELF = {"tests/tiers.py", "tests/judged.json"}     # the selection and its record: not what a module runs
+
+
 def _module_files(module: str, common: set[str], record: dict) -> set[str]:
-    return common | _own(module) | set(record.get("in_process", [])) | set(record["modules"][module]["started"])
+    started = set(record["modules"][module]["started"])
+    return (common | _own(module) | set(record.get("in_process", [])) | started) - SELF
 
 
 def unchanged_modules() -> tuple[dict[str, dict], str]:
@@ -126,8 +130,10 @@ def unchanged_modules() -> tuple[dict[str, dict], str]:
             if (ROOT / m).is_file() and fingerprint(_module_files(m, common, record)) == v["fingerprint"]}
     moved = len(record["modules"]) - len(same)
     v = record["versions"]
+    dates = sorted({m.get("date", record["date"]) for m in same.values()}) or [record["date"]]
+    when = dates[0] if len(dates) == 1 else f"between {dates[0]} and {dates[-1]}"
     return same, (f"judge tier: {len(same)} modules skipped ({sum(m['passed'] for m in same.values())} tests that "
-                  f"passed on {record['date']} with jax {v['jax']}, libtpu {v['libtpu']}, and nothing they read has "
+                  f"passed {when} with jax {v['jax']}, libtpu {v['libtpu']}, and nothing they read has "
                   f"changed since: tests/tiers.py); {moved} recorded modules run again; 'bash scripts/test.sh --all' "
                   "runs every one")
 
@@ -221,14 +227,15 @@ def record(pytest_args: list[str]) -> int:
         for module, entry in earlier.get("modules", {}).items():
             if module not in passed and module not in failed and (ROOT / module).is_file() and \
                     fingerprint(_module_files(module, common, earlier)) == entry["fingerprint"]:
-                record["modules"][module] = entry
+                record["modules"][module] = {"date": earlier["date"], **entry}
                 kept.append(module)
         if kept:                  # (the union of both runs' imports: more files, never fewer)
             record["in_process"] = sorted(set(record["in_process"]) | set(earlier.get("in_process", [])))
     for module in kept:
         record["modules"][module]["fingerprint"] = fingerprint(_module_files(module, common, record))
     for module in sorted(set(passed) - failed):
-        record["modules"][module] = {"passed": passed[module], "started": sorted(started_by.get(module, set()))}
+        record["modules"][module] = {"passed": passed[module], "started": sorted(started_by.get(module, set())),
+                                     "date": record["date"]}
         files = _module_files(module, common, record)
         if files & moved:                 # what it ran is not what is here now: not recorded
             failed.add(module)
