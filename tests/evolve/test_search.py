@@ -109,18 +109,21 @@ def _fake_cycles(ind: Individual) -> int:
     return 4_000_000 // (t["BLOCK_Q"] * t["BLOCK_KV"] // 16384) + 100_000 // (1 + len(ind.edits))
 
 
-def _steady_run(delays: dict[int, float], workers: int = 2, **search):
+def _steady_run(delays: dict, workers: int = 2, **search):
     """A steady-state run with a stand-in judge that takes delays[order] seconds for the
-    order-th candidate submitted; returns the items in the order taken in, and the log."""
-    log, lock, order = [], threading.Lock(), iter(range(10_000))
+    order-th candidate submitted (or, for a callable, until it returns: it is given the
+    generations of the items judged so far); returns the items in the order taken in, and the log."""
+    log, lock, order, ended = [], threading.Lock(), iter(range(10_000)), []
 
     def evaluate(ind):
         with lock:
             n = next(order)
             log.append(("start", n, ind.id))
-        time.sleep(delays.get(n, 0.0))
+        delay = delays.get(n, 0.0)
+        delay(ended) if callable(delay) else time.sleep(delay)
         with lock:
             log.append(("end", n, ind.id))
+            ended.append(ind.generation)
         cycles = _fake_cycles(ind)
         return EvalResult(Status.PASS, metrics=Metrics(estimated_cycles=cycles, speedup_vs_reference=1e6 / cycles))
 
@@ -148,10 +151,17 @@ def test_the_steady_state_run_is_the_same_whatever_order_workers_finish_in():
 
 
 def test_no_worker_waits_for_a_straggler():
-    # The first child (item 4, generation 1) takes 4 s. With lag 6 the other worker goes on
-    # with items 5..9, into generation 2, before the straggler ends: a generational loop would
-    # idle there until generation 1 was complete.
-    s, _, log, _ = _steady_run({4: 4.0}, workers=2, lag=6)
+    # The first child (item 4, generation 1) is judged until another item of generation 2 has
+    # been (at most 300 s): with lag 6 the other worker goes on with items 5..9, into generation 2,
+    # while the straggler is out; a generational loop would idle until generation 1 was complete,
+    # and the straggler would end first. (A wait on the event, not a fixed time: breeding's own
+    # speed, slower under coverage or a busy machine, decides nothing.)
+    def straggle(ended):
+        deadline = time.monotonic() + 300
+        while 2 not in ended and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    s, _, log, _ = _steady_run({4: straggle}, workers=2, lag=6)
     generation = {ind.id: ind.generation for ind in s.taken}
     straggler = next(i for kind, n, i in log if kind == "start" and n == 4)
     before = log[:log.index(("end", 4, straggler))]
