@@ -61,7 +61,8 @@ def tree(tmp_path, monkeypatch):
         (tmp_path / name).write_text(text)
     monkeypatch.setattr(tiers, "ROOT", tmp_path)
     monkeypatch.setattr(tiers, "RECORD", tmp_path / "tests" / "judged.json")
-    record = {"date": "today", "versions": tiers._versions(), "in_process": ["evolve/run.py"],
+    record = {"date": "today", "versions": tiers._versions(),
+              "in_process": ["evolve/run.py", "tests/evaluator/test_b.py"],     # collection imports every test module
               "modules": {"tests/evaluator/test_a.py": {"passed": 1, "started": ["evolve/search/loop.py"]}}}
     module = record["modules"]["tests/evaluator/test_a.py"]
     module["fingerprint"] = tiers.fingerprint(tiers._module_files("tests/evaluator/test_a.py", tiers._common(), record))
@@ -97,4 +98,15 @@ def test_a_file_added_to_the_judge_or_a_module_removed_runs_again(tree):
 
 def test_other_versions_of_jax_run_everything_again(tree, monkeypatch):
     monkeypatch.setattr(tiers, "_versions", lambda: {"python": "3.11", "jax": "0.0.1", "jaxlib": "0", "libtpu": "0"})
+    assert _skipped() == set()
+
+
+def test_a_module_that_imports_another_test_module_runs_again_when_that_one_changes(tree):
+    (tree / "tests/evaluator/test_a.py").write_text("from tests.evaluator.test_b import B\n\ndef test(): assert B\n")
+    record = json.loads(tiers.RECORD.read_text())
+    module = record["modules"]["tests/evaluator/test_a.py"]
+    module["fingerprint"] = tiers.fingerprint(tiers._module_files("tests/evaluator/test_a.py", tiers._common(), record))
+    tiers.RECORD.write_text(json.dumps(record))
+    assert _skipped() == {"tests/evaluator/test_a.py"}
+    (tree / "tests/evaluator/test_b.py").write_text("B = 2\n")
     assert _skipped() == set()

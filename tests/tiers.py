@@ -78,7 +78,10 @@ def in_judge_tier(path: Path | str) -> bool:
 
 
 def _files_under(folder: Path) -> set[str]:
-    return {rel(p) for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+    """The files under ``folder`` a fresh clone has too: no cache (``__pycache__``, ``.ruff_cache``,
+    any folder or file whose name starts with a dot)."""
+    return {rel(p) for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+            and not any(part.startswith(".") for part in p.relative_to(folder).parts)}
 
 
 def _common() -> set[str]:
@@ -115,9 +118,33 @@ def fingerprint(files: set[str]) -> str:
 SELF = {"tests/tiers.py", "tests/judged.json"}     # the selection and its record: not what a module runs
 
 
+def _test_imports(module: str, seen: set[str] | None = None) -> set[str]:
+    """The test modules ``module`` imports (``from tests.evolve.test_x import ...``), and theirs."""
+    import ast
+
+    seen = set() if seen is None else seen
+    try:
+        tree = ast.parse((ROOT / module).read_text())
+    except (OSError, SyntaxError):
+        return seen
+    for node in ast.walk(tree):
+        names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+            [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        for name in names:
+            path = name.replace(".", "/") + ".py"
+            if name.startswith("tests.") and (ROOT / path).is_file() and path not in seen:
+                seen.add(path)
+                _test_imports(path, seen)
+    return seen
+
+
 def _module_files(module: str, common: set[str], record: dict) -> set[str]:
+    """What ``module``'s verdicts can depend on. The record's pytest processes collected every test
+    module of the suite (collection imports them all), so the other test modules count only where
+    this one imports them."""
     started = set(record["modules"][module]["started"])
-    return (common | _own(module) | set(record.get("in_process", [])) | started) - SELF
+    imported = {f for f in record.get("in_process", []) if not Path(f).name.startswith("test_")}
+    return (common | _own(module) | imported | _test_imports(module) | started) - SELF
 
 
 def unchanged_modules() -> tuple[dict[str, dict], str]:
