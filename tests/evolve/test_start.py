@@ -8,9 +8,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,16 +15,11 @@ import pytest
 from evolve.errors import UsageError
 from evolve.start.resolve import check_same_start, resolve_start
 from seeds import load_seed
+from tests.cli_runs import evolve
 
 ROOT = Path(__file__).resolve().parents[2]
 JAX_FA = "jax.experimental.pallas.ops.tpu.flash_attention"
 SMALL = ("--shape", "B=1,H=2,N=256,D=128")
-
-
-def evolve(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", DO_NOT_TRACK="1")
-    return subprocess.run([sys.executable, "-m", "evolve", *args], capture_output=True, text=True,
-                          cwd=ROOT, timeout=timeout, env=env)
 
 
 def _digest(root: Path) -> str:
