@@ -171,7 +171,7 @@ class Judge:
         cannot see them)."""
         program = None
         if source is not None:
-            outcome, program = self.children.trace(source, task)
+            outcome, program = self.children.trace(*self._called(source, task), task=task)
             failed = self._failure(outcome)
             if failed is not None or program is None:
                 return Timing(None, error=failed[2] if failed else "the worker exported nothing"), []
@@ -201,6 +201,12 @@ class Judge:
         finally:
             shutil.rmtree(private, ignore_errors=True)
 
+    def _called(self, source: str, task: SeedTask) -> tuple[str, str]:
+        """The source the worker loads and the function it calls: ``--entry``, else the task's
+        (which may append a call of its own: ``SeedTask.kernel_call``)."""
+        called, entry = task.kernel_call(source)
+        return (source, self.config.entry) if self.config.entry and called == source else (called, entry)
+
     def _traced_chips(self, outcome: ChildOutcome, task: SeedTask) -> int | None:
         """The chip count the worker traced the candidate for: 1, or the task's mesh; None for any
         other claim (the worker runs candidate code: its word is checked here, and the runner
@@ -212,7 +218,8 @@ class Judge:
     def _evaluate(self, source: str, task: SeedTask, prune_above_cycles: int | None = None
                   ) -> EvalResult:
         prov = self.provenance(task)
-        screened = screen_source(source, entry=self.config.entry or task.entry, params=tuple(task.input_names),
+        source, entry = self._called(source, task)
+        screened = screen_source(source, entry=entry, params=tuple(task.input_names),
                                  keywords=tuple(task.kernel_kwargs()))
         if not screened.ok:
             return EvalResult(Status.FAIL_SCREEN, error=screened.error, stage="screen", provenance=prov)
@@ -220,7 +227,7 @@ class Judge:
         truth = self.references.truth(task)
 
         # 1. The jailed worker: trace once, ship the jaxpr as data.
-        traced, program = self.children.trace(source, task)
+        traced, program = self.children.trace(source, entry, task)
         metrics = Metrics(sandbox_time_s=traced.wall_time_s)
         failed = self._failure(traced)
         if failed is None and program is None:

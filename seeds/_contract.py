@@ -140,6 +140,12 @@ class SeedTask:
         """The static keyword arguments the entry point is called with."""
         return {}
 
+    def kernel_call(self, source: str) -> tuple[str, str]:
+        """What the judge runs of a kernel ``source`` and the function it calls there: the source
+        itself and :attr:`entry`, unless the task calls its kernels through a function of its own
+        appended to them (KernelBench's ``Model``: seeds/kernelbench.py)."""
+        return source, self.entry
+
     def make_inputs(self, seed: int, distribution: str) -> tuple[np.ndarray, ...]:
         raise NotImplementedError
 

@@ -60,7 +60,8 @@ from typing import Any
 import numpy as np
 
 from seeds._contract import WIDE, Seed, SeedError, SeedTask, wide_factor, widened
-from seeds.reference_child import namespace
+from seeds import kernelbench
+from seeds.reference_child import workload_of
 
 TOLERANCES = {"bfloat16": (2e-2, 2e-2), "float16": (4e-3, 4e-3), "float32": (2e-4, 2e-4)}
 DISTRIBUTIONS = ("normal", "outliers", "scaled", "wide")
@@ -128,14 +129,17 @@ def _positional(fn: ast.FunctionDef, bound: int, keywords: set[str]) -> tuple[li
     return free, sum(1 for a in free if a not in defaulted)
 
 
-def kernel_entry(kernel_source: str, arity: int, given: str | None = None, prefer: str | None = None) -> str:
+def kernel_entry(kernel_source: str, arity: int, given: str | None = None, prefer: str | None = None,
+                 model: bool = False) -> str:
     """The kernel file's entry for a workload of ``arity`` inputs: ``given`` if the file defines
     it, else its one public top-level name that reaches ``pallas_call`` (itself or through the
     file's other functions) and takes ``arity`` positional inputs, or of several the one named
     ``prefer`` (the seed's own entry: megablox's ``gmm`` beside ``tgmm``); ReferenceError when
     there is none or several: name it with --entry. A public name bound to
     ``functools.partial(f, ...)`` or ``jax.jit(f, ...)`` of a private ``f`` counts as ``f`` with
-    what the partial binds taken away."""
+    what the partial binds taken away. For a task in KernelBench's convention (``model``), a
+    ``ModelNew`` or ``Model`` whose ``forward`` reaches ``pallas_call`` comes first
+    (``"Model.forward"``: seeds/kernelbench.py)."""
     try:
         tree = ast.parse(kernel_source)
     except SyntaxError as exc:
@@ -143,6 +147,11 @@ def kernel_entry(kernel_source: str, arity: int, given: str | None = None, prefe
     functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
     assigned = {t.id for n in tree.body if isinstance(n, ast.Assign)
                 for t in n.targets if isinstance(t, ast.Name)}
+    if given and "." in given:
+        if model and kernelbench.kernel_model(tree, set(), given):
+            return given
+        raise ReferenceError(f"the kernel defines no {given!r} (--entry); a method entry is the forward of a "
+                             f"class Model or ModelNew, for a task in KernelBench's convention (Model, get_inputs)")
     if given:
         if given not in functions and given not in assigned:
             raise ReferenceError(f"the kernel defines no {given!r} (--entry); name one of its functions: "
@@ -159,6 +168,10 @@ def kernel_entry(kernel_source: str, arity: int, given: str | None = None, prefe
         if not more:
             break
         reaches |= more
+    if model and not given:
+        found_model = kernelbench.kernel_model(tree, reaches)
+        if found_model is not None:
+            return found_model
     found = []
     for name, (fn, bound, keywords) in _entries(tree).items():
         free, required = _positional(fn, bound, keywords)
@@ -168,8 +181,9 @@ def kernel_entry(kernel_source: str, arity: int, given: str | None = None, prefe
         return prefer
     if len(found) != 1:
         why = "no public function" if not found else f"{len(found)} functions ({', '.join(found)})"
+        hint = " (nor a class Model or ModelNew whose forward calls it)" if model else ""
         raise ReferenceError(f"the kernel has {why} that calls pallas_call and takes the workload's {arity} "
-                             "inputs; name its entry with --entry NAME")
+                             f"inputs{hint}; name its entry with --entry NAME")
     return found[0]
 
 
@@ -220,14 +234,16 @@ class Task(SeedTask):
                                  f"(line {getattr(exc, 'lineno', '?')})") from None
         profile = profile_of(source, str(path), shape or "")
         arity = len(json.loads(profile)["inputs"])
+        model = "model" in json.loads(profile)
         prefer = None
         if own_kernel is not None:       # a seed's own kernel names the entry a start with several uses
             try:
                 prefer = kernel_entry(own_kernel, arity)
             except ReferenceError:
                 pass
-        name = kernel_entry(kernel_source, arity, entry, prefer) if kernel_source is not None else (entry or "workload")
-        names = entry_names(kernel_source, name, arity) if kernel_source is not None else ()
+        name = (kernel_entry(kernel_source, arity, entry, prefer, model) if kernel_source is not None
+                else (entry or "workload"))
+        names = entry_names(kernel_source, name, arity) if kernel_source is not None and "." not in name else ()
         return cls(source=source, path=str(path.resolve()), entry=name, profile=profile,
                    shape=json.loads(profile)["shape"], names=",".join(names))
 
@@ -320,14 +336,24 @@ class Task(SeedTask):
             (root / "reference.py").write_text(self.source)
             meta = [save_array(root / f"in{i}.npy", np.asarray(a)) for i, a in enumerate(inputs)]
             (root / "inputs.json").write_text(json.dumps(meta))
-            _run_child(mode, str(root / "reference.py"), str(root), self.path)
+            _run_child(mode, str(root / "reference.py"), str(root), self.path, self.shape)
             error = root / "error.txt"
             if error.exists():
                 raise ReferenceError(f"reference file {self.path}: {error.read_text().strip()}")
             return load_array(root / "out.npy", "float32")
 
     def reference_program(self):
-        return namespace(self.source, self.path)["workload"]
+        return workload_of(self.source, self.path, self.shape)
+
+    def kernel_call(self, source: str) -> tuple[str, str]:
+        """A kernel in KernelBench's convention is called through a function appended to it
+        (seeds/kernelbench.py); any other as it is, by its entry."""
+        model = self._read.get("model")
+        if model is None or "." not in self.entry:
+            return source, self.entry
+        sizes = {k: int(v) for k, _, v in (item.partition("=") for item in self.shape.split(",") if item)}
+        called = kernelbench.with_sizes(source, sizes)      # its copy of the task's sizes, at this task's
+        return called + kernelbench.adapter(self.entry, model, list(self.input_names)), kernelbench.ADAPTER
 
 
 def _np_dtype(name: str):

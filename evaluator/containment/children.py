@@ -24,12 +24,14 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+import dataclasses
+import math
+
 from evaluator.containment import jail
-from evaluator.program import wire
-from seeds import save_array
-from evaluator.containment.sandbox import ChildOutcome, run_child
+from evaluator.containment.sandbox import ChildOutcome, Limits, run_child
 from evaluator.containment.worker import PROGRAM_FILE
-from seeds import SeedTask, task_source
+from evaluator.program import wire
+from seeds import SeedTask, save_array, task_source
 
 ROOT = Path(__file__).resolve().parents[2]
 # Constructs that cannot be one checked-and-timed program, whatever times it: refused outright.
@@ -116,25 +118,35 @@ class Children:
         return env
 
     # ---- starting them ----------------------------------------------------------------------------
+    def limits(self, task: SeedTask) -> Limits:
+        """The judge's process limits, the file size raised to what ``task``'s arrays need: a child
+        writes an input or output whole (as f32 or wider, with its header), so no limit of the
+        judge's own stands below the task (a GELU of 8192 x 8192 f32 writes 256 MiB)."""
+        shapes = [shape for shape, _ in task.input_specs()] + [tuple(getattr(task, "output_shape", ()) or ())]
+        need = 8 * max((math.prod(s) for s in shapes), default=0) + (16 << 20)
+        limits = self.config.limits
+        return dataclasses.replace(limits, file_bytes=max(limits.file_bytes, need))
+
     def run(self, module: str, directory: Path, request: dict, env: dict[str, str], *,
-            jailed: bool, total_budget: float | None = None) -> ChildOutcome:
+            jailed: bool, limits: Limits, total_budget: float | None = None) -> ChildOutcome:
         (directory / "request.json").write_text(json.dumps(request))
         argv = [sys.executable, "-m", module, str(directory / "request.json")]
         if jailed:
             argv = self.isolation.wrap(argv, str(directory))
         budgets = self.config.budgets
         return run_child(argv, cwd=str(directory), env=env, budgets=budgets.as_dict(),
-                         default_budget=budgets.load_s, limits=self.config.limits,
+                         default_budget=budgets.load_s, limits=limits,
                          total_budget=total_budget)
 
-    def trace(self, source: str, task: SeedTask) -> tuple[ChildOutcome, bytes | None]:
-        """Run the candidate in the jail; return what it said and the jaxpr it traced (as data)."""
+    def trace(self, source: str, entry: str, task: SeedTask) -> tuple[ChildOutcome, bytes | None]:
+        """Run the candidate in the jail, calling its ``entry``; return what it said and the jaxpr
+        it traced (as data)."""
         scratch = Path(tempfile.mkdtemp(prefix="pallas-evolve-cand-"))
         try:
             (scratch / "kernel.py").write_text(source)
             if self.isolation.enabled:
                 os.chown(scratch, jail.NOBODY, jail.NOBODY)
-            request = {"kernel_path": str(scratch / "kernel.py"), "entry": self.config.entry or task.entry,
+            request = {"kernel_path": str(scratch / "kernel.py"), "entry": entry,
                        "specs": task.input_specs(), "kwargs": task.kernel_kwargs(), "out_dir": str(scratch)}
             if not self.on_tpu:    # a kernel that asks which chip it runs on is told the judged one
                 request["device_kind"] = self.chip.device_kind
@@ -143,7 +155,7 @@ class Children:
             # The worker only loads and traces: it gets those two budgets, in all.
             budgets = self.config.budgets
             outcome = self.run("evaluator.containment.worker", scratch, request, self.worker_env(scratch),
-                               jailed=True, total_budget=budgets.load_s + budgets.lower_s)
+                               jailed=True, limits=self.limits(task), total_budget=budgets.load_s + budgets.lower_s)
             return outcome, read_regular(scratch / PROGRAM_FILE, wire.MAX_BYTES)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -176,7 +188,7 @@ class Children:
         elif chips > 1:                       # it runs on the host's chips: not one scheduler's chip
             for key in CHIP_VISIBILITY_ENV:
                 env.pop(key, None)
-        outcome = self.run("evaluator.runner", private, request, env, jailed=jailed)
+        outcome = self.run("evaluator.runner", private, request, env, jailed=jailed, limits=self.limits(task))
         if self.on_tpu and outcome.returncode != 0:
             Path("/tmp/libtpu_lockfile").unlink(missing_ok=True)   # a killed runner's leftover
         return outcome

@@ -80,6 +80,7 @@ class _Screen(cst.CSTVisitor):
         self.depth = 0
         self._not_references: set[int] = set()   # Name nodes that are attribute or keyword names
         self._import_names: set[int] = set()     # Attribute nodes naming a module in an import
+        self._scopes: list[str | None] = []      # per enclosing def/class: a method's ``self``, else None
 
     def _flag(self, node: cst.CSTNode, what: str) -> None:
         line = self.get_metadata(PositionProvider, node).start.line
@@ -149,8 +150,18 @@ class _Screen(cst.CSTVisitor):
             # Called or not: `_o = open` is as good as `open(...)`.
             self._flag(node, f"use of the builtin '{node.value}' is not allowed")
 
+    def _own_attribute(self, node: cst.Call) -> bool:
+        """``setattr(self, name, value)`` in a method whose first parameter is ``self``: the object
+        setting its own attributes (KernelBench's ``set_weights``). Not a module, as far as a
+        screen can tell; the jail and the trusted runner stand behind it either way."""
+        return (isinstance(node.func, cst.Name) and node.func.value == "setattr" and len(node.args) == 3
+                and bool(self._scopes) and self._scopes[-1] == "self"
+                and isinstance(node.args[0].value, cst.Name) and node.args[0].value.value == "self")
+
     def visit_Call(self, node: cst.Call) -> None:
-        if isinstance(node.func, cst.Name) and node.func.value in FORBIDDEN_CALLS:
+        if self._own_attribute(node):
+            self._not_references.add(id(node.func))
+        elif isinstance(node.func, cst.Name) and node.func.value in FORBIDDEN_CALLS:
             self._not_references.add(id(node.func))
             self._flag(node, f"call of '{node.func.value}()' is not allowed")
         callee = node.func.attr.value if isinstance(node.func, cst.Attribute) else (
@@ -237,15 +248,24 @@ class _Screen(cst.CSTVisitor):
         if self.depth == 0:
             self.functions[node.name.value] = node
         self.depth += 1
+        params = node.params.posonly_params + node.params.params
+        in_class = bool(self._scopes) and self._scopes[-1] == "class"
+        static = any(isinstance(d.decorator, cst.Name) and d.decorator.value in ("staticmethod", "classmethod")
+                     for d in node.decorators)
+        self._scopes.append("self" if in_class and not static and params and params[0].name.value == "self"
+                            else None)
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
         self.depth -= 1
+        self._scopes.pop()
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         self.depth += 1
+        self._scopes.append("class")
 
     def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
         self.depth -= 1
+        self._scopes.pop()
 
 
 def _check_interface(functions: dict[str, cst.FunctionDef], entry: str,

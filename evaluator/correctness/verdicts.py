@@ -52,6 +52,12 @@ def classify_error(stage: str, kind: str, message: str) -> Status:
             "timing": Status.CRASH}.get(stage, Status.CRASH)
 
 
+# A child's files are bounded (RLIMIT_FSIZE) by the judge's Limits.file_bytes, raised for each task
+# to its largest array (children.py): past it, a child wrote more than the task holds.
+_FILE_LIMIT = ("; a child's files are limited to the judge's Limits.file_bytes (RLIMIT_FSIZE), raised to the "
+               "task's largest array: a kernel or workload that writes more is refused")
+
+
 def failure(outcome: ChildOutcome, budgets: dict[str, float], default_budget: float
             ) -> tuple[Status, str, str] | None:
     """(status, stage, reason) of a child that did not finish cleanly, or None if it did."""
@@ -64,7 +70,8 @@ def failure(outcome: ChildOutcome, budgets: dict[str, float], default_budget: fl
     if errors:
         e = errors[0]
         stage, kind, message = str(e.get("stage")), str(e.get("kind")), str(e.get("message"))
-        return classify_error(stage, kind, message), stage, first_lines(message)
+        hint = _FILE_LIMIT if "requested and" in message and "written" in message else ""
+        return classify_error(stage, kind, message), stage, first_lines(message) + hint
     stages = [e.get("stage") for e in outcome.events if e.get("event") == "stage"]
     stage = str(stages[-1]) if stages else "start"
     profiler = _PROFILER_FAILURE.search(outcome.output)
@@ -77,6 +84,8 @@ def failure(outcome: ChildOutcome, budgets: dict[str, float], default_budget: fl
                                            f"({profiler.group(1).strip()[:200]}); time it on a TPU host{hint}")
     if outcome.signal is not None:
         name = _signal_name(outcome.signal)
+        if outcome.signal == signal.SIGXFSZ:
+            return Status.CRASH, stage, f"worker wrote a file past its size limit during '{stage}'" + _FILE_LIMIT
         if outcome.signal == signal.SIGKILL:
             return Status.OOM, stage, f"worker killed by {name} during '{stage}' (the OOM killer?)"
         low = outcome.output.lower()
