@@ -30,6 +30,7 @@ from evaluator.containment.children import Children, on_tpu_host, private_dir, s
 from evaluator.program.constants import BUDGET_BYTES
 from evaluator.correctness.ground_truth import GroundTruth, set_counts
 from evaluator.program.kernel_audit import COUNTED_ON_DATA
+from evaluator.program.same import SamePrograms
 from evaluator.correctness.reference import References
 from evaluator.result import EvalResult, Metrics, Provenance, Status
 from evaluator.figure.roofline import roofline
@@ -108,6 +109,7 @@ class Judge:
                   f"({self.isolation.reason}); only process limits and the source screen stand "
                   "between a candidate and this machine.", file=sys.stderr)
         self.references = References(self.children, self.source_label, config.cache_dir)
+        self.same = SamePrograms()       # verdicts by lowered program: one program, one judgement
 
     # ---- provenance --------------------------------------------------------------------------
     def source_label(self, task: SeedTask | None = None) -> str:
@@ -149,6 +151,7 @@ class Judge:
         start = time.monotonic()
         try:
             result = self._evaluate(source, task, prune_above_cycles)
+            self.same.remember(task, result)
         except Exception as exc:  # noqa: BLE001 - a judge bug must not kill a run
             result = EvalResult(Status.CRASH, error=f"internal judge error: {type(exc).__name__}: {exc}",
                                 stage="judge", provenance=self.provenance(task))
@@ -252,8 +255,12 @@ class Judge:
                 prune = {"estimate_dir": str(private / "llo"), "above_cycles": int(prune_above_cycles)}
             public = self.references.write_timing_input(task, private / "timing_input")
             outcome = self.children.runner(private, task, "candidate", str(path), input_dirs, prune=prune,
-                                           chips=chips, timing_input=public)
+                                           chips=chips, timing_input=public, known=self.same.known(task, chips))
             data = stage_data(outcome)
+            if "same" in data and self._failure(outcome) is None:
+                again = self.same.again(task, chips, str(data["same"].get("program_sha256")), outcome.wall_time_s)
+                if again is not None:
+                    return again
             compiled = data.get("compile", {})
             findings = data.get("audit", {}).get("findings", [])
             metrics = dataclasses.replace(
@@ -262,6 +269,7 @@ class Judge:
                 lower_time_s=data.get("audit", {}).get("lower_time_s"),
                 constant_bytes=data.get("audit", {}).get("constant_bytes"),
                 constant_computed_bytes=data.get("audit", {}).get("constant_computed_bytes"),
+                program_sha256=data.get("audit", {}).get("program_sha256"),
                 correctness_time_s=data.get("correctness", {}).get("correctness_time_s"),
                 timing_time_s=data.get("timing", {}).get("timing_time_s"))
             failed = self._failure(outcome)

@@ -66,6 +66,9 @@ class Metrics:
     correctness_time_s: float | None = None            # running the CPU program on every input set
     timing_time_s: float | None = None                 # timed runs on a TPU host
     runner_time_s: float | None = None                 # the trusted runner: lower, audit, compile, run
+    # SHA-256 of the program the trusted runner lowered (evaluator/program/same.py): two kernels with one
+    # hash are one kernel, judged once
+    program_sha256: str | None = None
 
 
 def _flat_columns() -> tuple[dict[str, type], dict[str, tuple[str, str]]]:

@@ -162,9 +162,10 @@ class Children:
 
     def runner(self, private: Path, task: SeedTask, mode: str, program: str | None, input_dirs: list[str],
                *, compile_tpu: bool = True, prune: dict | None = None, timing_input: str | None = None,
-               chips: int = 1) -> ChildOutcome:
+               chips: int = 1, known: list[str] | None = None) -> ChildOutcome:
         """Run the trusted runner in ``private`` on the worker's program (``mode`` "candidate") or
-        on the task's own XLA program ("reference")."""
+        on the task's own XLA program ("reference"); it stops after lowering a program whose hash
+        is ``known`` (evaluator/program/same.py)."""
         request = {"mode": mode, "program": program, "task": task.fields(), "task_source": task_source(task),
                    "specs": task.input_specs(), "input_names": list(task.input_names),
                    "topology": self.chip.topology, "on_tpu": self.on_tpu, "inputs": input_dirs,
@@ -175,7 +176,7 @@ class Children:
                    "out_dir": str(private), "timing": self.timing.worker_request(),
                    "refuse": list(TRACE_REFUSALS), "compile": compile_tpu, "prune": prune,
                    "constant_budget": self.config.constant_budget_bytes,
-                   "chips": chips, "mesh_axis": task.mesh_axis,
+                   "chips": chips, "mesh_axis": task.mesh_axis, "known": known or [],
                    "chip_specs": task.chip_specs(chips) if chips > 1 else None}
         # Defence in depth: the runner parses programs a candidate produced. Off a TPU host it is
         # jailed too (it needs no device); its private dir is hidden from workers by their mounts.
