@@ -6,7 +6,8 @@ from seeds._contract import (WIDE, WIDE_FACTORS, SeedError, Seed, SeedTask, chec
                              wide_attention, wide_factor, widened)
 from seeds._loading import SEEDS, builtin_seeds, load_seed, task_class_from_source, task_from_source, task_source
 from seeds.arrays import load_array, save_array
-from seeds.reference import ReferenceError, ReferenceSeed, kernel_entry, reference_seed
+from seeds.entries import ReferenceError, kernel_entry
+from seeds.reference import ReferenceSeed, reference_seed
 from seeds.registry import Registry
 
 __all__ = ["SEEDS", "WIDE", "WIDE_FACTORS", "ReferenceError", "ReferenceSeed", "Registry", "Seed", "SeedError",
