@@ -357,3 +357,29 @@ def assigned_from(fn: cst.CSTNode, prefixes: tuple[str, ...]) -> set[str]:
         if norm(node.value).startswith(prefixes):  # type: ignore[attr-defined]
             out.add(node.targets[0].target.value)  # type: ignore[attr-defined]
     return out
+
+
+class _ByOriginal(cst.CSTTransformer):
+    def __init__(self, fn: Callable[[cst.CSTNode, cst.CSTNode], cst.CSTNode | None]):
+        super().__init__()
+        self.fn = fn
+
+    def on_leave(self, original_node, updated_node):  # type: ignore[override]
+        result = self.fn(original_node, updated_node)
+        return updated_node if result is None else result
+
+
+def transform_original(node: cst.CSTNode, fn: Callable[[cst.CSTNode, cst.CSTNode], cst.CSTNode | None]):
+    """Bottom-up rewrite keyed by the original tree: ``fn(original, updated)`` returns a replacement
+    for a node (``updated``: the node with its children already rewritten) or None to keep it. The
+    nodes of ``node`` itself can be matched by identity (``original is some_node_found_before``)."""
+    return node.visit(_ByOriginal(fn))
+
+
+def definition_statement(module: cst.Module, fn: cst.FunctionDef) -> int | None:
+    """The index in ``module.body`` of the statement defining ``fn``: the function itself, or the
+    class whose method it is; None when ``fn`` is neither."""
+    for i, stmt in enumerate(module.body):
+        if stmt is fn or (isinstance(stmt, cst.ClassDef) and any(item is fn for item in stmt.body.body)):
+            return i
+    return None

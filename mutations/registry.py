@@ -31,6 +31,7 @@ OPERATORS = Registry("operators", {
     "chip_split": "mutations.decode.chip_split:ChipSplit",
     "copies_in_need": "mutations.decode.copies_in_need:CopiesInNeed",
     "fuse_epilogue": "mutations.pipeline.fuse_epilogue:FuseEpilogue",
+    "fuse_reduction": "mutations.pipeline.fuse_reduction:FuseReduction",
     "grid_order": "mutations.pipeline.grid_order:GridOrder",
     "accumulator": "mutations.pipeline.accumulator:Accumulator",
     "mxu_operands": "mutations.pipeline.mxu_operands:MxuOperands",

@@ -13,9 +13,10 @@
   (``preferred_element_type=jnp.float32``): one MXU pass instead of the several an f32 product
   takes. An operand is known f32 where the kernel upcasts it (``x.astype(jnp.float32)``, the
   cast is turned into one to bf16), or where it is a ref load and every float input of the task is
-  f32. Not exact: the precision rule decides whether it stands (no kernel may be less precise
-  than the task's XLA program; an f32 task's tolerance refuses it, a bf16 task whose kernel
-  upcasts before its dot loses nothing).
+  f32, or a local bound once to either (``a = a_ref[...]`` then ``jnp.dot(a, ...)``: cast at the
+  dot, ``a.astype(jnp.bfloat16)``, so its other uses keep f32). Not exact: the precision rule
+  decides whether it stands (no kernel may be less precise than the task's XLA program; an f32
+  task's tolerance refuses it, a bf16 task whose kernel upcasts before its dot loses nothing).
 
 Each edit rewrites every matmul of the kernel's functions it applies to, so neither applies twice.
 """
@@ -72,14 +73,44 @@ def _refs(fn: cst.FunctionDef, task: Any) -> set[str]:
     return {p.name.value for p in fn.params.params} if _f32_inputs(task) else set()
 
 
+_BINDERS = (cst.AugAssign, cst.AnnAssign, cst.For, cst.CompFor, cst.NamedExpr, cst.AsName, cst.Param)
+
+
+def _f32_locals(fn: cst.FunctionDef, refs: set[str]) -> set[str]:
+    """The names ``fn`` binds once, by ``NAME = value``, to a known-f32 value (an upcast, or a load
+    of a ref in ``refs``). A name bound twice, or in any other way (a parameter, a loop's target,
+    ``+=``, unpacking) anywhere in ``fn``, is not followed: its value at the dot is not known."""
+    values: dict[str, list[cst.BaseExpression]] = {}
+    other: set[str] = set()
+    for node in C.find_all(fn, lambda n: isinstance(n, (cst.Assign, *_BINDERS))):
+        if isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name):
+            values.setdefault(node.targets[0].target.value, []).append(node.value)
+        elif isinstance(node, cst.Assign):
+            other |= set().union(*(C.names_in(t.target) for t in node.targets))
+        elif isinstance(node, cst.Param):
+            other.add(node.name.value)
+        elif isinstance(node, (cst.For, cst.CompFor)):
+            other |= C.names_in(node.target)
+        else:
+            target = node.name if isinstance(node, cst.AsName) else node.target
+            other |= C.names_in(target) if target is not None else set()
+    return {name for name, vs in values.items()
+            if len(vs) == 1 and name not in other and (_upcast(vs[0]) or _ref_load(vs[0], refs))}
+
+
+def _known_f32(x: cst.BaseExpression, refs: set[str], names: set[str]) -> bool:
+    return _upcast(x) or _ref_load(x, refs) or (isinstance(x, cst.Name) and x.value in names)
+
+
 def _changes(fn: cst.FunctionDef, task: Any) -> set[str]:
     refs = _refs(fn, task)
+    names = _f32_locals(fn, refs)
     found = set()
     for node in C.find_all(fn, lambda n: _operands(n) is not None):
         a, b = _operands(node)  # type: ignore[misc]
         if not (isinstance(node, cst.Call) and C.norm(node.func) in GENERAL) and (_transposed(a) or _transposed(b)):
             found.add("transpose")
-        if any(_upcast(x) or _ref_load(x, refs) for x in (a, b)):
+        if any(_known_f32(x, refs, names) for x in (a, b)):
             found.add("bf16")
     return found
 
@@ -95,7 +126,7 @@ def _kwargs(node: cst.CSTNode, bf16: bool) -> list[cst.Arg]:
     return kept
 
 
-def _rewrite_dot(node: cst.CSTNode, change: str, refs: set[str]) -> cst.CSTNode:
+def _rewrite_dot(node: cst.CSTNode, change: str, refs: set[str], names: set[str]) -> cst.CSTNode:
     a, b = _operands(node)  # type: ignore[misc]
     general = isinstance(node, cst.Call) and C.norm(node.func) in GENERAL
     if change == "transpose":
@@ -105,7 +136,7 @@ def _rewrite_dot(node: cst.CSTNode, change: str, refs: set[str]) -> cst.CSTNode:
         dims = C.expr(f"((({0 if ta else 1},), ({1 if tb else 0},)), ((), ()))")
         args = [cst.Arg(ta or a), cst.Arg(tb or b), cst.Arg(dims), *_kwargs(node, False)]
         return cst.Call(func=C.expr("jax.lax.dot_general"), args=args)
-    if not any(_upcast(x) or _ref_load(x, refs) for x in (a, b)):
+    if not any(_known_f32(x, refs, names) for x in (a, b)):
         return node
 
     def bf16(x: cst.BaseExpression) -> cst.BaseExpression:
@@ -113,6 +144,8 @@ def _rewrite_dot(node: cst.CSTNode, change: str, refs: set[str]) -> cst.CSTNode:
             return x.with_changes(args=[cst.Arg(C.expr("jnp.bfloat16"))])
         if _ref_load(x, refs):
             return C.expr(f"({C.code(x)}).astype(jnp.bfloat16)")
+        if isinstance(x, cst.Name) and x.value in names:
+            return C.expr(f"{x.value}.astype(jnp.bfloat16)")
         return x
 
     if isinstance(node, cst.BinaryOperation):
@@ -131,7 +164,8 @@ class MxuOperands(Operator):
     def _check(self, module, task) -> Applicability:
         if not any(_changes(fn, task) for fn in C.site_kernels(module)):
             return Applicability(False, "no matmul of the kernel has a transposed operand (x.T) or a known "
-                                        "f32 one (x.astype(jnp.float32), or a ref of a task whose inputs are f32)")
+                                        "f32 one (x.astype(jnp.float32), a ref of a task whose inputs are f32, or a "
+                                        "local bound once to either)")
         return APPLICABLE
 
     def _sample(self, module, task, rng: random.Random) -> dict[str, Any]:
@@ -147,7 +181,8 @@ class MxuOperands(Operator):
             raise NotApplicable(f"no matmul of the kernel takes the {change!r} change")
         for fn in fns:
             refs = _refs(fn, task)
-            new = C.transform(fn, lambda n, refs=refs: _rewrite_dot(n, change, refs)
+            names = _f32_locals(fn, refs)
+            new = C.transform(fn, lambda n, refs=refs, names=names: _rewrite_dot(n, change, refs, names)
                               if _operands(n) is not None else None)
             module = C.replace_function(module, fn.name.value, new)
         return C.with_import(module, "import jax") if change == "transpose" else module

@@ -25,8 +25,8 @@ def test_ablate_json_has_every_operator_the_grid_and_jax(tmp_path):
     # no reduction in the output block, every input follows both batch and heads, no transposed or f32
     # matmul operand, no input fetched once) say "not applicable" and get no row.
     assert set(by_op) == set(operator_names()) - {"grouped_heads", "length_skip", "split_kv", "chip_split",
-                                                 "copies_in_need", "fuse_epilogue", "accumulator", "grid_order",
-                                                 "mxu_operands", "buffering"}
+                                                 "copies_in_need", "fuse_epilogue", "fuse_reduction", "accumulator",
+                                                 "grid_order", "mxu_operands", "buffering"}
     # diagonal_strips and approx_reciprocal do not apply to the seed: each sits on its prerequisite.
     assert by_op["diagonal_strips"]["label"] == "seed + causal_skip + diagonal_strips"
     assert by_op["approx_reciprocal"]["label"] == "seed + deferred_norm + approx_reciprocal"
