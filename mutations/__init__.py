@@ -13,7 +13,7 @@ from .tuning.defaults import required_defaults
 from ._replay import replay, replay_applicable
 from ._tunables import read_tunables
 from .registry import all_operators, get_operator, operator_names, shape_operator
-from .tuning.discovery import discover
+from .tuning.discovery import discover, unfollowed
 
 __all__ = [
     "all_operators",
@@ -35,4 +35,5 @@ __all__ = [
     "replay_applicable",
     "required_defaults",
     "shape_operator",
+    "unfollowed",
 ]

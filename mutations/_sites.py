@@ -110,8 +110,9 @@ def _defvjp_forward(module: cst.Module) -> dict[str, set[str]]:
 @functools.lru_cache(maxsize=256)
 def reachable(module: cst.Module, entry: str) -> tuple[str, ...]:
     """The definitions reachable from ``entry`` (itself included), in the module's order: through
-    the names each function's body refers to, a ``custom_vjp``'s ``defvjp`` fwd, and from a class
-    to its methods when the class itself is referred to."""
+    the names each function's body refers to (a method's ``self.<name>``: its class's), a
+    ``custom_vjp``'s ``defvjp`` fwd, and from a class to its methods when the class itself is
+    referred to."""
     defs = definitions(module)
     vjp = _defvjp_forward(module)
     seen: set[str] = set()
@@ -123,6 +124,9 @@ def reachable(module: cst.Module, entry: str) -> tuple[str, ...]:
         seen.add(name)
         node = defs[name]
         refs = _names(node.body) | vjp.get(name, set())
+        if "." in name:         # a method: ``self.helper(...)`` is its class's ``helper``
+            owner = name.split(".")[0]
+            refs |= {f"{owner}.{r[5:]}" for r in refs if r.startswith("self.")}
         if isinstance(node, cst.ClassDef):
             refs |= {n for n in defs if n.startswith(name + ".")}
         todo.extend(r for r in refs if r in defs and r not in seen)

@@ -75,6 +75,22 @@ def _discovered(module: cst.Module, task: Any) -> dict[str, D.Tunable]:
     return {name: t for name, t in D.discover(module, task).items() if len(t.legal) > 1}
 
 
+SAID = 6        # the blocks left out a "does not apply" names, at most
+
+
+def _left_out(module: cst.Module, task: Any) -> list[str]:
+    """Why no block moves, block by block: each BlockSpec element discovery did not follow (and
+    why), and each tunable it found that has no other legal value at the task's shapes."""
+    try:
+        said = list(D.left_out(module, task))
+        single = [t for t in D.discover(module, task).values() if len(t.legal) == 1]
+    except Exception:  # noqa: BLE001 - a reason, never a second failure
+        return []
+    said += [f"`{t.name}` = {t.value} has no other legal value at {task.key} (it tiles "
+             f"{', '.join(map(str, t.sizes))})" for t in single]
+    return said[:SAID] + ([f"and {len(said) - SAID} more"] if len(said) > SAID else [])
+
+
 def _unset(module: cst.Module, task: Any) -> list[str]:
     """The block fields the source leaves None (keyword defaults the module fills itself)."""
     return [name for name, f in _fields(module, task).items() if f.value is None]
@@ -229,6 +245,8 @@ class BlockSizes(Operator):
         present = _tunables(module, task) or list(_fields(module, task)) or list(_discovered(module, task))
         if not present:
             entry, _ = _sites.current()
+            if said := _left_out(module, task):
+                return Applicability(False, "no block size to move: " + "; ".join(said))
             return Applicability(False, "no module-level block-size constant, nor a block field "
                                         f"({', '.join(F.FIELD_TUNABLES)}) on the forward path from "
                                         f"{entry or 'the entry point'}, that the task has legal values for, "
@@ -326,6 +344,8 @@ class BlockSizes(Operator):
         new = params["shape"] if "shape" in params else {params.get("tunable"): params.get("value")}
         if not isinstance(new, dict) or not new:
             raise NotApplicable(f"shape={new!r} is not a mapping of tunables to values")
+        aliases = {alias: name for name, t in found.items() for alias in t.aliases}
+        new = {aliases.get(name, name): value for name, value in new.items()}      # an archived edit's name
         for name, value in new.items():
             if name not in found:
                 raise NotApplicable(f"the source has no tunable {name!r} (it has {', '.join(found) or 'none'})")

@@ -13,19 +13,21 @@ import libcst as cst
 
 from .. import _sites
 from .block_fields import set_literals
-from .discovery import _functions, discover
+from . import names as N
+from .discovery import discover
 
 START = 256      # where a required block parameter starts: the legal value nearest it (log scale)
 ARITIES = (1, 2, 3)
 
 
-def _with_default(module: cst.Module, fn_name: str, param: str, default: cst.BaseExpression) -> cst.Module:
-    """``module`` with ``param`` of function ``fn_name`` given ``default`` (a keyword-only one keeps
+def _with_default(module: cst.Module, target: cst.FunctionDef, param: str, default: cst.BaseExpression
+                  ) -> cst.Module:
+    """``module`` with ``param`` of the function (or method) ``target`` given ``default`` (a keyword-only one keeps
     its place; a positional one is left alone: a default there would move the ones after it)."""
 
     class T(cst.CSTTransformer):
         def leave_FunctionDef(self, original, updated):
-            if original.name.value != fn_name:
+            if original is not target:
                 return updated
             equal = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
                                     whitespace_after=cst.SimpleWhitespace(""))
@@ -52,7 +54,7 @@ def required_defaults(module: cst.Module, task: Any) -> tuple[cst.Module, dict[s
 
 def _required_defaults(module: cst.Module, task: Any) -> tuple[cst.Module, dict[str, Any]]:
     entry = getattr(task, "entry", None)
-    fn = _functions(module).get(entry or "")
+    fn = N.tables(module).function(entry)
     if fn is None:
         return module, {}
     given: dict[str, Any] = {}
@@ -63,7 +65,7 @@ def _required_defaults(module: cst.Module, task: Any) -> tuple[cst.Module, dict[
         for arity in ARITIES:
             marks = [START + 7 + k for k in range(arity)]    # values no kernel writes, to find again
             text = str(marks[0]) if arity == 1 else f"({', '.join(map(str, marks))})"
-            trial = _with_default(module, entry, param.name.value, cst.parse_expression(text))
+            trial = _with_default(module, fn, param.name.value, cst.parse_expression(text))
             found = {t.value: t for t in discover(trial, task).values()}
             if not all(m in found for m in marks):
                 continue

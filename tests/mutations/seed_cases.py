@@ -1,6 +1,7 @@
 """The seeds the mutation tests run on: every built-in seed, the axpy example and the reference-file
-matmul with its bias and gelu in the entry (loaded by path),
-each at its default task and at the small tasks it declares (``SeedTask.test_tasks``)."""
+matmul with its bias and gelu in the entry (loaded by path), each at its default task and at the
+small tasks it declares (``SeedTask.test_tasks``); and kernels in KernelBench's convention at their
+small task (``STYLE_SEEDS``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ EXAMPLE_SEEDS = (REPO / "examples" / "seed_axpy",)
 # Examples run at their default task only: their files name no small task (the judge's fingerprint
 # hashes examples/, so they stay as a user would write them).
 EXAMPLE_DEFAULT_ONLY = (REPO / "examples" / "reference_matmul",)
+# Kernels as users write them, run at their small task only: KernelBench's convention (a Model's
+# forward, weights and sizes in the task file): a block tiling a reshaped input, a block tuple bound
+# to a name, blocks as locals of the method with the pallas_call inline (examples/kernelbench/).
+STYLE_SEEDS = tuple(REPO / "examples" / "kernelbench" / name for name in ("matmul3d", "gelu", "huber"))
 
 
 
@@ -54,6 +59,10 @@ def seed_cases() -> tuple[SeedCase, ...]:
     for path in EXAMPLE_DEFAULT_ONLY:
         seed = load_seed(str(path))
         out.append(SeedCase(seed, "default", seed.default_task(), seed.kernel_source, False))
+    for path in STYLE_SEEDS:
+        seed = load_seed(str(path))
+        shape, options = seed.task_class.test_tasks["small"]
+        out.append(SeedCase(seed, "small", seed.task(shape, **options), seed.kernel_source, False))
     return tuple(out)
 
 
