@@ -103,3 +103,36 @@ def test_it_says_why_where_nothing_changes(task):
     check = OP.check(load_seed("matmul").kernel_source, task)
     assert not check.ok and "no matmul of the kernel has a transposed operand" in check.reason
     assert not OP.check(load_seed("flash_attention").kernel_source, load_seed("flash_attention").default_task()).ok
+
+
+def test_an_f32_operand_read_into_a_local_before_the_dot_is_followed(tmp_path):
+    """``a = a_ref[...]``, ``b = b_ref[...]`` then ``jnp.dot(a, b)`` on an f32 task: each local is
+    cast at the dot (its other uses keep f32); a local bound twice is not followed."""
+    from seeds import reference_seed
+
+    (tmp_path / "reference.py").write_text(
+        "import jax, jax.numpy as jnp\n\n"
+        "def create_inputs():\n"
+        "    ka, kb = jax.random.split(jax.random.key(0))\n"
+        "    return jax.random.normal(ka, (256, 256), jnp.float32), jax.random.normal(kb, (256, 256), jnp.float32)\n\n"
+        "def workload(a, b):\n"
+        "    return jnp.dot(a, b, precision=jax.lax.Precision.HIGHEST)\n")
+    local = UPCAST.replace("""    c_ref[...] = jnp.dot(a_ref[...].astype(jnp.float32), b_ref[...].astype(jnp.float32),
+                         precision=jax.lax.Precision.HIGHEST).astype(c_ref.dtype)""",
+                           """    a = a_ref[...]
+    b = b_ref[...]
+    c_ref[...] = (jnp.dot(a, b, preferred_element_type=jnp.float32) + 0 * a[:, :1]).astype(c_ref.dtype)""")
+    assert "a = a_ref[...]" in local
+    task = reference_seed(tmp_path / "reference.py").read_task(local)
+    assert OP.check(local, task).ok
+    result = OP.apply(local, task, random.Random(0))
+    assert result.applied and result.edit.params == {"change": "bf16"}, result.reason
+    assert "jnp.dot(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), preferred_element_type=jnp.float32)" \
+        in result.source
+    assert "a = a_ref[...]" in result.source and "0 * a[:, :1]" in result.source     # a itself stays f32
+    assert not OP.check(result.source, task).ok                                       # once
+    # Bound twice: its value at the dot is not known; only the other local is cast.
+    twice = local.replace("    a = a_ref[...]\n", "    a = a_ref[...]\n    a = a * 2\n")
+    result = OP.apply(twice, task, random.Random(0))
+    assert result.applied and "jnp.dot(a, b.astype(jnp.bfloat16)" in result.source, result.source
+    assert not OP.check(twice.replace("    b = b_ref[...]\n", "    b = b_ref[...]\n    b += 1\n"), task).ok
