@@ -102,6 +102,7 @@ class EvolutionRun:
         self._peer_thread: threading.Thread | None = None
         self._judging = None                 # (source, cut) -> EvalResult: the executor's, for the search
         self.progress = Progress(config.search.total())
+        self.no_pass: NoPass | None = None   # why the run has no champion, once it has finished without one
 
     # ---- evaluation: archive first, then the judge, row appended the moment it is judged -------
     # Every call runs in this process (on the executor's threads): the archive has one writer. Only
@@ -227,9 +228,89 @@ class EvolutionRun:
             self.tracker.log_champion(chain, ["seed", *(edit_label(r) for r in chain[1:])])
             self.tracker.log_family_tree(self.archive.evaluations(self.run_id).to_dict("records"),
                                          [r["individual_id"] for r in chain], tree_caption(self.run_id, chain[-1]))
+        else:
+            from evolve.cli.common import evolve_command
+
+            judged = [ind for ind in search.taken if ind.result is not None]
+            start = self.start_from  # a module or a graft as given, else the file it was read from
+            command = eval_command(self.config, start.spec if start.kind == "module" or start.grafted else start.path,
+                                   evolve_command())
+            self.no_pass = NoPass.of(judged, search.stopped, command)
+            meta["no_pass"] = self.no_pass.to_dict()
+            if self.tracker.parent_run_id is not None:       # the report on the evolution run, in the UI
+                self.tracker.safe.call(self.tracker.client.set_tag, self.tracker.parent_run_id,
+                                       "mlflow.note.content", "\n".join(self.no_pass.lines()))
         self.archive.write_run_meta(self.run_id, meta)
-        self.tracker.finish()
+        self.tracker.finish("FINISHED" if champion is not None else "FAILED")
         return champion
+
+
+# What to try when every kernel failed in one way, by the judge's status.
+NEXT_STEPS = {
+    "FAIL_VMEM": "the kernel's blocks do not fit in VMEM at this shape: start from smaller blocks (its block "
+                 "sizes), or give a smaller --shape",
+    "OOM": "a judged child ran out of host memory: raise --memory GIB, or give a smaller --shape",
+    "CRASH": "a judged child died (most often out of memory while compiling): give a smaller --shape, or raise "
+             "--memory GIB",
+    "TIMEOUT": "a stage ran past its time budget: give a smaller --shape",
+    "FAIL_CORRECTNESS": "the kernel's numbers are not the task's: check what it computes against the task",
+    "FAIL_TIMING": "no timing source could time it: try another --timing",
+    "SUSPECT": "faster than the roofline allows: the kernel may skip work the task needs",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class NoPass:
+    """Why a run has no champion: no kernel it judged passed. ``counts``: status -> kernels (first
+    met first); ``errors``: status -> the first error of that status, one line; ``stopped``: the
+    generation the run stopped in with nothing to breed from (None: it spent its budget);
+    ``eval``: the command that judges the start alone and prints its verdict in full."""
+    status: str
+    judged: int
+    counts: dict[str, int]
+    errors: dict[str, str]
+    stopped: int | None
+    eval: str
+
+    @classmethod
+    def of(cls, judged: list[Individual], stopped: int | None, eval_command: str) -> NoPass:
+        counts: dict[str, int] = {}
+        errors: dict[str, str] = {}
+        for ind in judged:
+            status = ind.result.status.value
+            counts[status] = counts.get(status, 0) + 1
+            first = next((line.strip() for line in (ind.result.error or "").splitlines() if line.strip()), "")
+            errors.setdefault(status, first[:200] or "(no message)")
+        return cls("NO_PASS", len(judged), counts, errors, stopped, eval_command)
+
+    def lines(self) -> list[str]:
+        where = (f"the run stopped in generation {self.stopped}: nothing passed, so there is nothing to breed from"
+                 if self.stopped is not None else "the run spent its budget")
+        out = [f"no kernel passed the judge: {self.judged} judged, every one failed; {where}"]
+        width = max((len(s) for s in self.counts), default=0)
+        out += [f"  {status:<{width}} {n:>4}  first: {self.errors[status]}" for status, n in self.counts.items()]
+        out.append("next:")
+        out += [f"  - {status}: {NEXT_STEPS[status]}" for status in self.counts if status in NEXT_STEPS]
+        out.append(f"  - the start's verdict in full (its error and log): {self.eval}")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "report": "\n".join(self.lines())}
+
+
+def eval_command(config: RunConfig, start: str | None = None, evolve: str = "evolve") -> str:
+    """The ``evolve eval`` command that judges a run's start (``start``: as ``--start`` takes it;
+    None: the configuration's) on the run's task and judge."""
+    import shlex
+
+    t, j = config.task, config.judge
+    flags = [("--start", start or t.start), ("--reference", t.reference), ("--entry", t.entry),
+             ("--seed", None if t.reference else t.seed), ("--shape", t.shape), ("--dtype", t.dtype),
+             ("--chips", t.chips), ("--chip", j.chip), ("--timing", None if j.timing == "auto" else j.timing),
+             ("--memory", j.memory_gib)]
+    words = [evolve, "eval"] + [w for flag, value in flags if value
+                                for w in (flag, shlex.quote(str(value)))]
+    return " ".join(words + ({True: ["--causal"], False: ["--no-causal"]}.get(t.causal, [])))
 
 
 def tree_caption(run_id: str, row: dict[str, Any]) -> str:

@@ -93,6 +93,10 @@ class SeedTask:
     # The chip this seed's kernels are judged for when no --chip is given (a kernel the compiler's
     # profile cannot time on one chip names another: ragged paged attention's DMAs on v5e).
     default_chip: ClassVar[str] = "v5e"
+    # The timing source this seed's tasks are judged by when none is given (``--timing``; None: the
+    # default, auto): a task whose XLA program has a figure only under one names it (a reference
+    # file says ``TIMING = "..."``).
+    timing: ClassVar[str | None] = None
     distributions: ClassVar[tuple[str, ...]] = ("normal",)
     # Input sets every candidate is checked on: (distribution, PRNG seed).
     correctness_inputs: ClassVar[tuple[tuple[str, int], ...]] = (("normal", 0),)

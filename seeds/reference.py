@@ -342,25 +342,32 @@ def reference_seed(path: str | Path) -> ReferenceSeed:
     return ReferenceSeed(reference_name(path), path.resolve().parent, _task_class(path), path.resolve())
 
 
-_CLASSES: dict[str, type[Task]] = {}
+_CLASSES: dict[tuple[str | None, str | None], type[Task]] = {}
 
 
 def _task_class(path: Path) -> type[Task]:
-    """``Task``, or for a file that names the shape its tests run it at (``SMALL = "M=128"``, read
-    without running it) a subclass saying so (``SeedTask.test_tasks``), one per shape."""
+    """``Task``, or for a file that names the shape its tests run it at (``SMALL = "M=128"``) or the
+    timing source its task needs (``TIMING = "compiler_estimate_no_vmem_msa"``), both read without
+    running it, a subclass saying so (``SeedTask.test_tasks``, ``SeedTask.timing``)."""
     try:
         tree = ast.parse(path.read_text())
     except (OSError, SyntaxError, UnicodeDecodeError):
         return Task
-    small = next((node.value.value for node in tree.body if isinstance(node, ast.Assign)
-                  and any(isinstance(t, ast.Name) and t.id == "SMALL" for t in node.targets)
-                  and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)), None)
-    if small is None:
+
+    def constant(name: str) -> str | None:
+        return next((node.value.value for node in tree.body if isinstance(node, ast.Assign)
+                     and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
+                     and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)), None)
+
+    small, timing = constant("SMALL"), constant("TIMING")
+    if small is None and timing is None:
         return Task
-    if small not in _CLASSES:
-        _CLASSES[small] = type("Task", (Task,), {"test_tasks": {"small": (small, {})}, "__module__": __name__,
-                                                 "__qualname__": "Task"})
-    return _CLASSES[small]
+    if (small, timing) not in _CLASSES:
+        attrs = {"__module__": __name__, "__qualname__": "Task", "timing": timing}
+        if small is not None:
+            attrs["test_tasks"] = {"small": (small, {})}
+        _CLASSES[(small, timing)] = type("Task", (Task,), attrs)
+    return _CLASSES[(small, timing)]
 
 
 def reference_name(path: str | Path) -> str:

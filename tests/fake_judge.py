@@ -10,7 +10,10 @@ task, so a run is as deterministic as a real one:
 * block sizes whose product passes ``VMEM_BLOCK_ELEMENTS``: FAIL_VMEM (so the repair path runs);
 * otherwise PASS, with a figure that is best where every block-like tunable is 512 and moves by a
   few parts in a thousand with the rest of the source (so every operator's edit is seen);
-* above the search's cut: PRUNED.
+* above the search's cut: PRUNED;
+* a source with a line ``# fake judge: fail STATUS,STATUS,...``: one of those statuses, drawn by
+  the source's hash, whatever its blocks (a kernel whose every variant fails: the operators keep
+  comments, so every kernel bred from it carries the line).
 
 Its provenance is the judge's (the archive's lookup keys, so a resume finds what a run judged)
 and every verdict says ``fake judge`` in its log; it writes only to a test's own data directory,
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 
 from evaluator import EvalResult, Metrics, Status
 from evolve.executors.base import LocalExecutor
@@ -30,6 +34,22 @@ from mutations import discover, parse
 REFERENCE_CYCLES = 1_000_000
 VMEM_BLOCK_ELEMENTS = 1 << 22
 SAID = "fake judge (tests/fake_judge.py): no sandbox, no compiler"
+FAIL_MARKER = re.compile(r"^\s*# fake judge: fail (?P<statuses>[A-Z_]+(?:,[A-Z_]+)*)\s*$", re.MULTILINE)
+FAILURES = {"FAIL_VMEM": ("compile", "fake judge: blocks over the fake VMEM"),
+            "CRASH": ("compile", "fake judge: worker died from signal SIGSEGV (11) during 'compile'"),
+            "FAIL_COMPILE": ("compile", "fake judge: the compiler refused it"),
+            "FAIL_CORRECTNESS": ("correctness", "fake judge: max abs error 1.0 over the bar")}
+
+
+def marked_failure(source: str, provenance) -> EvalResult | None:
+    """The verdict a ``# fake judge: fail ...`` line asks for (None: no such line)."""
+    found = FAIL_MARKER.search(source)
+    if found is None:
+        return None
+    statuses = found.group("statuses").split(",")
+    status = statuses[int(hashlib.sha256(source.encode()).hexdigest()[:8], 16) % len(statuses)]
+    stage, error = FAILURES.get(status, ("compile", f"fake judge: {status}"))
+    return EvalResult(Status(status), error=error, stage=stage, provenance=provenance, log_tail=SAID)
 
 
 def fake_verdict(source: str, task, provenance, cut: int | None = None, clock_hz: float = 1.5e9) -> EvalResult:
@@ -39,6 +59,9 @@ def fake_verdict(source: str, task, provenance, cut: int | None = None, clock_hz
     except Exception as exc:  # noqa: BLE001 - a source the screen would refuse
         return EvalResult(Status.FAIL_SCREEN, error=f"fake judge: does not parse: {exc}", stage="screen",
                           provenance=prov, log_tail=SAID)
+    failed = marked_failure(source, prov)
+    if failed is not None:
+        return failed
     try:
         values = [t.value for t in discover(module, task).values() if isinstance(t.value, int) and t.value > 0]
     except Exception:  # noqa: BLE001 - a kernel discovery cannot read has no tunables here

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from evolve.cli.common import Command, add_json_alias, print_json
+from evolve.cli.common import Command, add_json_alias, print_json, seed_timing
 from evolve.cli.eval import check_tiling, seed_from_args, start_from_args, task_from_args
 from evolve.errors import UsageError
 
@@ -31,7 +31,7 @@ class AblateCommand(Command):
         start = start_from_args(args, seed).for_task(task)
         check_tiling(start.source, task)
         settings = JudgeSettings(chip=args.chip, workers=args.workers or 0, executor=args.executor or "local",
-                                 ray_address=args.ray_address or "")
+                                 ray_address=args.ray_address or "", timing=seed_timing(seed) or "auto")
         try:
             judge = Judge(settings.judge_config())
         except ValueError as exc:

@@ -103,13 +103,22 @@ def one_task(args: argparse.Namespace) -> str | None:
     return reference
 
 
+def seed_timing(seed) -> str | None:
+    """The timing source a seed's tasks are judged by where no ``--timing`` is given (None: the
+    default, auto): its Task's ``timing`` (seeds/_contract.py; a reference file's ``TIMING = "..."``,
+    as grouped_matmul's: XLA's ragged_dot has a compiler estimate only with VMEM memory-space
+    assignment off)."""
+    return getattr(seed.task_class, "timing", None)
+
+
 def timing_parser() -> argparse.ArgumentParser:
     """``--timing``: every registered timing source, or auto."""
     from evaluator import timing_choices
 
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--timing", default=None, choices=timing_choices(),
-                        help="auto (the default: measured on a TPU host, else compiler_estimate) or a timing source")
+                        help="auto (the default: measured on a TPU host, else compiler_estimate; a seed whose "
+                             "task needs its own source names it, e.g. grouped_matmul) or a timing source")
     parser.add_argument("--memory", type=int, default=None, metavar="GIB",
                         help="address space of each judged child in GiB (default 12); a real shape's compile "
                              "may need more (an 8192-cube matmul's profile peaks at 13 GB)")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from evaluator import CHIPS
 from evaluator import EvalResult
-from evolve.cli.common import Command, add_json_alias, one_task, print_json
+from evolve.cli.common import Command, add_json_alias, one_task, print_json, seed_timing
 from evolve.errors import UsageError
 
 
@@ -70,6 +70,20 @@ def check_tiling(source: str, task) -> None:
     problem = task.tiling_problem(consts)
     if problem:
         raise UsageError(problem)
+
+
+def left_out(source: str, task) -> str | None:
+    """The block sizes the search cannot move in ``source`` and why (discovery's ``unfollowed``),
+    a whole dimension of an input (not a tunable) left unsaid; None where there are none."""
+    from mutations import unfollowed
+
+    try:
+        lines = [line for line in unfollowed(source, task) if "a whole dimension" not in line]
+    except Exception:  # noqa: BLE001 - a note, never a failure
+        return None
+    if not lines:
+        return None
+    return "note: blocks the search cannot move:\n" + "\n".join(f"  {line}" for line in lines)
 
 
 def tiling_hint(source: str, task) -> str | None:
@@ -207,11 +221,14 @@ class EvalCommand(Command):
             raise UsageError(f"{shown} is not Python: {getattr(exc, 'msg', exc)}{where}; give the path of a "
                              f"Python file that {wanted}") from None
         check_tiling(source, task)
+        note = left_out(source, task)
+        if note:
+            print(note, file=sys.stderr)
         static = args.timing in (None, "auto") or args.timing.startswith("compiler_estimate")
         if args.estimate_only and not static:
             raise UsageError(f"--estimate-only reads the compiler's estimate; drop --timing {args.timing} "
                              "or judge the kernel in full without --estimate-only")
-        timing = args.timing or "auto"
+        timing = args.timing or seed_timing(seed_from_args(args)) or "auto"
         if args.estimate_only and timing == "auto":
             timing = "compiler_estimate"
         try:

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
-from evolve.cli.common import Command, print_json
+from evolve.cli.common import Command, add_json_alias, print_json
 from evolve.cli.store import archive_at, lineage_json, resolve_id, run_meta, start_label
 from evolve.errors import UsageError
 
@@ -34,6 +35,8 @@ class LineageCommand(Command):
         parser.add_argument("--run", default=None,
                             help="the run to read the lineage in, when the same kernel stands in several "
                                  "(default: the latest run that evaluated it)")
+        add_json_alias(parser, help="print one JSON object instead of the chain and a picture (the same as "
+                                    "--format json)")
 
     def take_action(self, args: argparse.Namespace) -> int:
         from evolve.run import lineage_rows
@@ -132,8 +135,37 @@ class UiCommand(Command):
         # One person browsing: one web worker, and MLflow's job consumers only when asked for.
         env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "true" if args.jobs else "false"}
         print(f"MLflow UI on http://127.0.0.1:{args.port} (store {uri}); Ctrl-C to stop", file=sys.stderr)
-        return subprocess.call([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
-                                "--host", "127.0.0.1", "--port", str(args.port), "--workers", "1"], env=env)
+        # A session of its own: the server's workers are one process group, stopped together.
+        server = subprocess.Popen([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
+                                   "--host", "127.0.0.1", "--port", str(args.port), "--workers", "1"],
+                                  env=env, start_new_session=True)
+        try:
+            return server.wait()
+        except KeyboardInterrupt:        # Ctrl-C or SIGTERM (evolve.cli's handler): the way to stop it
+            for sig in (signal.SIGINT, signal.SIGTERM):    # a second one does not cut the stop short
+                signal.signal(sig, signal.SIG_IGN)
+            stop_group(server)
+            print(f"evolve: the MLflow UI on port {args.port} stopped", file=sys.stderr)
+            return 0
+        finally:
+            stop_group(server)
+
+
+def stop_group(process: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """Stop ``process`` and its process group: SIGTERM, then SIGKILL after ``grace_s``."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            continue
+        try:                        # the leader is gone; its workers may linger a moment
+            os.killpg(process.pid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
 
 
 class PromoteCommand(Command):

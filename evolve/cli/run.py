@@ -7,16 +7,21 @@ from __future__ import annotations
 import argparse
 import sys
 
-from evolve.cli.common import Command, add_executor_arguments, evolve_command, one_task, print_json
+from evolve.cli.common import (Command, add_executor_arguments, add_json_alias, evolve_command, one_task,
+                               print_json, seed_timing)
 from evolve.cli.store import archive_at, champion_chain, champion_line, lineage_json, number, run_meta
 from evolve.errors import UsageError
 
 
 def _config_from_args(args: argparse.Namespace):
+    """The run's configuration: the file's, the flags over it; the seed's timing source where
+    neither names one (seed_timing)."""
+    import dataclasses
+
     from evolve.config import load_config
 
     one_task(args)
-    return load_config(args.config, {
+    config = load_config(args.config, {
         "search": {"population": args.population, "generations": args.generations,
                    "rng_seed": args.rng_seed, "prune_factor": args.prune_factor, "lag": args.lag},
         "task": {"seed": args.seed, "shape": args.shape, "causal": args.causal,
@@ -27,6 +32,9 @@ def _config_from_args(args: argparse.Namespace):
                   "timing": getattr(args, "timing", None), "executor": args.executor,
                   "ray_address": args.ray_address, "memory_gib": getattr(args, "memory", None)},
     })
+    timing = seed_timing(config.task.load_seed()) if config.judge.timing == "auto" and \
+        getattr(args, "timing", None) is None else None
+    return dataclasses.replace(config, judge=dataclasses.replace(config.judge, timing=timing)) if timing else config
 
 
 def with_executor(config, executor: str | None, ray_address: str | None):
@@ -40,7 +48,11 @@ def with_executor(config, executor: str | None, ray_address: str | None):
     return dataclasses.replace(config, judge=dataclasses.replace(judge, executor=name, ray_address=address))
 
 
-def _report(run, champion) -> None:
+NO_PASS_EXIT = 3     # the run ended cleanly, its report printed, but no kernel passed the judge
+
+
+def _report(run, champion) -> int:
+    """Print the run's report; its exit status: 0, or NO_PASS_EXIT when no kernel passed."""
     from archive import edit_label
     from evolve.run import lineage_rows
 
@@ -48,8 +60,8 @@ def _report(run, champion) -> None:
           f"(chip {run.prov.chip}, libtpu {run.prov.libtpu_version})")
     print(f"start: {run.start_from.label}")
     if champion is None:
-        print("no kernel passed the judge")
-        return
+        print("\n".join(run.no_pass.lines()) if run.no_pass is not None else "no kernel passed the judge")
+        return NO_PASS_EXIT
     chain = lineage_rows(run.archive, run.run_id, champion.id)
     seed = chain[0] if chain else None
     seed_latency = number(seed.get("latency_s")) if seed is not None else None    # None: the seed failed
@@ -80,6 +92,8 @@ def _report(run, champion) -> None:
                   f"{peer.metrics.estimated_cycles or '-'} cycles, same judge, same run)")
     print("edits: " + (" -> ".join(edit_label(r) for r in chain[1:]) or "(the seed itself)"))
     search = getattr(run, "search", None)
+    for generation, failed in _failed_generations(getattr(search, "taken", [])):
+        print(f"generation {generation}: no kernel passed ({failed}); the search bred on from those that passed before")
     taken, total = len(getattr(search, "taken", [])), run.config.search.total()
     if search is not None and 0 < taken < total:
         print(f"judged {taken} of the budget's {total} kernels: for the rest the operators offered none not "
@@ -89,7 +103,18 @@ def _report(run, champion) -> None:
     print(f"browse:  {evolve} ui --data-dir {run.data_dir}\n"
           f"lineage: {evolve} lineage {champion.id} --data-dir {run.data_dir}\n"
           f"promote: {evolve} promote {run.run_id} --data-dir {run.data_dir}")
+    return 0
 
+
+def _failed_generations(taken) -> list[tuple[int, str]]:
+    """The generations none of whose kernels passed, each with its statuses counted (``FAIL_VMEM 3, CRASH 1``)."""
+    by_generation: dict[int, dict[str, int]] = {}
+    for ind in taken:
+        counts = by_generation.setdefault(ind.generation, {})
+        status = ind.result.status.value if ind.result is not None else "-"
+        counts[status] = counts.get(status, 0) + 1
+    return [(g, ", ".join(f"{status} {n}" for status, n in counts.items()))
+            for g, counts in sorted(by_generation.items()) if "PASS" not in counts]
 
 
 class RunCommand(Command):
@@ -113,23 +138,25 @@ class RunCommand(Command):
         p.add_argument("--config", default=None, help="a TOML file with [search], [task], [judge] tables")
 
     def take_action(self, args: argparse.Namespace) -> int:
-        from evolve.cli.eval import check_tiling
+        from evolve.cli.eval import check_tiling, left_out
         from evolve.executors.base import open_executor
         from evolve.run import EvolutionRun
-
         from evolve.start.resolve import resolve_start
 
         config = _config_from_args(args)
         task = config.task.task()
-        check_tiling(resolve_start(config.task.start, config.task.load_seed()).for_task(task).source, task)
+        source = resolve_start(config.task.start, config.task.load_seed()).for_task(task).source
+        check_tiling(source, task)
+        note = left_out(source, task)
+        if note:
+            print(note, file=sys.stderr)
         archive_at(args.data_dir, create=True)
         with open_executor(config.judge) as executor:
             run = EvolutionRun(config, args.data_dir, executor=executor)
             print(f"run {run.run_id}: {config.search.population} individuals x {config.search.generations} "
                   f"generations on {run.task.key}, chip {config.judge.chip}, data in {args.data_dir}; "
                   f"judged {executor.describe()}", file=sys.stderr)
-            _report(run, run.start())
-        return 0
+            return _report(run, run.start())
 
 
 class ResumeCommand(Command):
@@ -155,8 +182,7 @@ class ResumeCommand(Command):
             run = EvolutionRun(config, args.data_dir, run_id=args.run, strategy=meta.get("strategy", "ga"),
                                executor=executor)
             print(f"resuming {args.run}; judged {executor.describe()}", file=sys.stderr)
-            _report(run, run.resume())
-        return 0
+            return _report(run, run.resume())
 
 
 class StatusCommand(Command):
@@ -171,6 +197,7 @@ class StatusCommand(Command):
         parser.add_argument("run", nargs="?")
         parser.add_argument("--ids", action="store_true",
                             help="list the run's individuals (ids for 'evolve lineage')")
+        add_json_alias(parser, help="print one JSON document instead of tables (the same as --format json)")
 
     def take_action(self, args: argparse.Namespace) -> int:
         archive = archive_at(args.data_dir)
@@ -245,10 +272,14 @@ class StatusCommand(Command):
                         "edits": [s["edit"] for s in steps[1:]]}
         generations = [] if df.empty else [
             {"generation": int(g), **row} for g, row in self._generations(df).to_dict("index").items()]
+        judged = df[~df["from_archive"].fillna(False).astype(bool)] if "from_archive" in df.columns else df
         doc = {"run_id": run_id, "status": meta.get("status"), "task_key": meta.get("task_key"),
                "strategy": meta.get("strategy"), "chip": meta.get("chip"),
                "timing_sources": sorted(df["timing_source"].dropna().unique()) if not df.empty else [],
-               "evaluations": len(df), "generations": generations, "champion": champion,
+               "evaluations": len(df), "judged": len(judged),
+               "by_status": {str(k): int(v) for k, v in sorted(judged["status"].value_counts().items())}
+               if len(judged) else {},
+               "generations": generations, "champion": champion, "no_pass": meta.get("no_pass"),
                "peers": meta.get("peers") or {},
                "stage_seconds": stage_seconds(df) if not df.empty else {}}
         if ids:

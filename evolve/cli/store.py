@@ -68,7 +68,8 @@ def champion_line(archive, run_id: str, meta: dict) -> str:
 
     champion_id, chain = champion_chain(archive, run_id, meta)
     if not champion_id:
-        return "champion: none yet"
+        report = (meta.get("no_pass") or {}).get("report")
+        return f"champion: none\n{report}" if report else "champion: none yet"
     if not chain:
         return f"champion: {champion_id}"
     row = chain[-1]

@@ -42,8 +42,8 @@ XLA = "the task's XLA program"
 @dataclasses.dataclass(frozen=True)
 class SuiteTask:
     """One task of a suite: a seed, its problem, the chip, where the run starts, peers beyond the
-    seed's own (label -> a kernel file, relative to the project's root), and a timing source where
-    the task needs its own (None: the suite's)."""
+    seed's own (label -> a kernel file, relative to the project's root), and a timing source (None:
+    the suite's, or where that is auto the seed's own where it names one: seed_timing)."""
 
     label: str
     seed: str = "flash_attention"
@@ -55,6 +55,15 @@ class SuiteTask:
 
     def task_config(self) -> TaskConfig:
         return TaskConfig(seed=self.seed, shape=self.shape, start=self.start)
+
+    def judge_settings(self, base: JudgeSettings) -> JudgeSettings:
+        """The suite's judge settings for this task: its chip, no peers judged by the run, and the
+        timing source: the task's, else the suite's, else (auto) the seed's own where it names one."""
+        from evolve.cli.common import seed_timing
+
+        timing = self.timing or (base.timing if base.timing != "auto" else
+                                 seed_timing(self.task_config().load_seed()) or "auto")
+        return dataclasses.replace(base, chip=self.chip, peers=False, timing=timing)
 
 
 SUITES: dict[str, tuple[SuiteTask, ...]] = {
@@ -70,9 +79,9 @@ SUITES: dict[str, tuple[SuiteTask, ...]] = {
         SuiteTask("rmsnorm, default task", seed="rmsnorm"),
         SuiteTask("matmul, 1024 cube", seed="matmul", shape="M=1024,K=1024,N=1024"),
         # XLA's ragged_dot, its peer, has a figure only with VMEM memory-space assignment off
-        # (docs/judge.md): the task is timed so, and labelled apart.
+        # (docs/judge.md): the seed names that timing source (seed_timing), and the row is labelled apart.
         SuiteTask("grouped matmul, 8 experts of 1024 x 2048", seed="grouped_matmul",
-                  shape="M=512,K=1024,N=2048,E=8", timing="compiler_estimate_no_vmem_msa"),
+                  shape="M=512,K=1024,N=2048,E=8"),
     ),
 }
 
@@ -218,9 +227,7 @@ def run_task(item: SuiteTask, base: RunConfig, data_dir: Path, run_id: str) -> T
 
     start = time.monotonic()
     try:
-        config = dataclasses.replace(base, task=item.task_config(),
-                                     judge=dataclasses.replace(base.judge, chip=item.chip, peers=False,
-                                                               timing=item.timing or base.judge.timing))
+        config = dataclasses.replace(base, task=item.task_config(), judge=item.judge_settings(base.judge))
         with open_executor(config.judge) as executor:
             run = EvolutionRun(config, str(data_dir), run_id=run_id, strategy="ga", executor=executor)
             champion = run.start()

@@ -18,6 +18,8 @@ run steady-state so that no worker waits for a generation's straggler.
                     oversample x candidates ranked by the surrogate (evolve/search/surrogate.py) once
                     it has data; the best ranked is judged
     a "generation" is a bookkeeping unit: every population - hall_of_fame items taken in.
+    nothing passed yet <- no parent: only repairs are bred; with every kernel bred taken in and
+                          none passed, the run stops (``stopped``: its generation; the run reports why)
 
 Results are taken in strictly in index order and child i sees only items up to i - lag, so the
 same configuration and RNG seed give the same run whatever order the workers finish in (under
@@ -119,6 +121,7 @@ class Search:
         self.fit_ops = [op for op in self.operators if op.fit_only] if config.search.fit_keys else []
         self.fits: set[str] = set()
         self.keys: dict[str, str] = {}                # individual id -> its fit key (made once)
+        self.stopped: int | None = None               # the generation the run stopped in: nothing passed
 
     def weights(self) -> dict[str, float] | None:
         """Each operator's chance of paying off (Laplace: (wins + 1) / (tries + 2))."""
@@ -349,6 +352,8 @@ class Search:
                 child.cut = self.cut()
                 return self.bred(child)
         pool, weights = self.pool(), self.weights()
+        if not pool:         # nothing passed (parents must have): no parent; the loop waits for a verdict
+            return None
         want = s.oversample if self.surrogate.ready else 1
         candidates: list[Individual] = []
         for _ in range(want):
@@ -394,9 +399,19 @@ class Search:
         def breed_ready() -> None:
             # Child i is bred right after item i - lag is taken in (and never before the seed
             # is), never later: what it sees does not depend on which other results are ready.
+            # While nothing has passed, a child that cannot be bred waits for the next verdict;
+            # once every kernel bred is taken in and none passed, the run stops there.
+            nonlocal total
             while len(items) < total and taken >= 1 and len(items) <= taken + s.lag - 1:
                 i = len(items)
                 child = self.breed_one(i, 1 + (i - n0) // per_generation)
+                if child is None and self.champion is None:
+                    if taken == len(items):
+                        total = taken
+                        self.stopped = 0 if taken <= n0 else 1 + (taken - 1 - n0) // per_generation
+                        if taken - 1 not in ends:
+                            self._close_generation(self.stopped)
+                    return
                 items.append(child)
                 if child is None:
                     done[i] = None

@@ -8,6 +8,9 @@ import numpy as np
 
 SMALL = "M=256,K=256,N=256,E=4"     # the shape the tests run it at
 RAGGED = {"group_sizes": ("lhs", 0)}   # secret draws of the group sizes: they add up to lhs's rows
+# Judged so where no --timing is given: XLA's ragged_dot, the program speedups are quoted against,
+# has a compiler estimate only with VMEM memory-space assignment off (docs/judge.md).
+TIMING = "compiler_estimate_no_vmem_msa"
 
 
 def create_inputs(M=512, K=4096, N=14336, E=8):

@@ -196,6 +196,8 @@ def test_promote_round_trips_through_the_model_registry(small_run, tmp_path):
     out = tmp_path / "champion.py"
     r = evolve("promote", run_id, "--to", str(out), "--name", "fa_test", "--data-dir", str(data))
     assert r.returncode == 0, r.stderr[-2000:]
+    # One line of its own: none of MLflow's warnings and event lines, nor libtpu's gRPC errors (issue 57).
+    assert not re.search(r"^E\d{4} |UserWarning|INFO mlflow|Successfully registered model", r.stderr, re.M), r.stderr
     text = out.read_text()
     assert f"promoted from run {run_id}" in text and "compiler_estimate" in text and "libtpu" in text
     # The seed's docstring is gone; the header says what shapes it takes and how to call it.

@@ -209,7 +209,8 @@ def test_the_screen_lets_an_object_set_its_own_attributes_only():
     assert screened(method).ok
     for body in ("def f(x):\n    setattr(jax, 'jit', None)\n    return x\n",
                  "class M:\n    def g(self):\n        setattr(jax, 'jit', None)\ndef f(x):\n    return x\n",
-                 "class M:\n    @staticmethod\n    def g(self):\n        setattr(self, 'a', 1)\ndef f(x):\n    return x\n",
+                 "class M:\n    @staticmethod\n    def g(self):\n        setattr(self, 'a', 1)\n"
+                 "def f(x):\n    return x\n",
                  "def f(x):\n    s = setattr\n    return x\n"):
         assert not screened(body).ok, body
 

@@ -198,9 +198,31 @@ def test_lineage_table_still_prints_the_chain_and_a_picture(data, capsys, monkey
     (["status"], "table"), (["status", "--format", "json"], "json"), (["lineage", "x", "--format", "table"], "table"),
     (["ablate"], "table"), (["ablate", "--json"], "json"), (["ablate", "--format", "json"], "json"),
     (["eval", "k.py", "--json"], "json"), (["eval", "k.py"], "table"),
+    (["status", "--json"], "json"), (["status", "r1", "--json"], "json"), (["lineage", "x", "--json"], "json"),
 ])
 def test_format_and_its_json_alias(argv, fmt):
     assert build_parser().parse_args(argv).format == fmt
+
+
+def test_every_command_with_format_takes_its_json_alias():
+    """docs/commands.md: `--json` is short for `--format json`, on every command that has it."""
+    commands = _subparsers(build_parser())
+    with_format = {name for name, p in commands.items() if any("--format" in a.option_strings for a in p._actions)}
+    with_json = {name for name, p in commands.items() if any("--json" in a.option_strings for a in p._actions)}
+    assert with_format and with_format == with_json
+
+
+def test_status_json_alias_prints_what_the_table_does(data, capsys):
+    """`evolve status RUN --json` (refused before issue 57): the generations, the champion, the
+    seconds per stage and the judged kernels by status, as the table prints them."""
+    code, out, err = evolve_in_process(["status", "r1", "--json", "--data-dir", str(data)], capsys)
+    assert code == 0, err
+    doc = strict_json(out)
+    assert doc["champion"]["individual_id"] == individual_id(CHAMPION) and len(doc["generations"]) == 3
+    assert doc["judged"] == 4 and doc["by_status"] == {"CRASH": 1, "PASS": 3} and doc["no_pass"] is None
+    assert doc["stage_seconds"]["compile"] == pytest.approx(6.0)
+    code, out, _ = evolve_in_process(["status", "r1", "--data-dir", str(data)], capsys)
+    assert "judged kernels by status: CRASH 1, PASS 3" in out
 
 
 # ---- bad input: one line, exit status 2 ---------------------------------------------------------
