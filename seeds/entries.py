@@ -76,13 +76,9 @@ def kernel_entry(kernel_source: str, arity: int, given: str | None = None, prefe
                                  f"{', '.join(sorted(functions)) or '(none)'}")
         return given
 
-    def names(fn: ast.FunctionDef) -> set[str]:
-        return {n.attr if isinstance(n, ast.Attribute) else n.id for n in ast.walk(fn)
-                if isinstance(n, (ast.Attribute, ast.Name))}
-
-    reaches = {name for name, fn in functions.items() if "pallas_call" in names(fn)}
+    reaches = {name for name, fn in functions.items() if "pallas_call" in kernelbench.referred(fn)}
     while True:      # and every function that calls one of those (a wrapper around the wrapper)
-        more = {name for name, fn in functions.items() if name not in reaches and names(fn) & reaches}
+        more = {name for name, fn in functions.items() if name not in reaches and kernelbench.referred(fn) & reaches}
         if not more:
             break
         reaches |= more

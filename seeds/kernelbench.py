@@ -120,6 +120,12 @@ def model_methods(tree: ast.Module) -> dict[str, ast.FunctionDef]:
     return found
 
 
+def referred(fn: ast.FunctionDef) -> set[str]:
+    """Every name and attribute name a function's body refers to."""
+    return {n.attr if isinstance(n, ast.Attribute) else n.id for n in ast.walk(fn)
+            if isinstance(n, (ast.Attribute, ast.Name))}
+
+
 def kernel_model(tree: ast.Module, reaches: set[str], given: str | None = None) -> str | None:
     """The kernel's entry in the convention, ``"<Class>.forward"``: ``given`` if it names one, else
     the first of ``ModelNew``, ``Model`` whose ``forward`` reaches ``pallas_call`` (itself, or
@@ -132,8 +138,7 @@ def kernel_model(tree: ast.Module, reaches: set[str], given: str | None = None) 
         fn = methods.get(cls)
         if fn is None:
             continue
-        names = {n.attr if isinstance(n, ast.Attribute) else n.id for n in ast.walk(fn)
-                 if isinstance(n, (ast.Attribute, ast.Name))}
+        names = referred(fn)
         if "pallas_call" in names or names & reaches:
             return f"{cls}.forward"
     return None
