@@ -30,7 +30,7 @@ from evaluator.containment.children import Children, on_tpu_host, private_dir, s
 from evaluator.program.constants import BUDGET_BYTES
 from evaluator.correctness.ground_truth import GroundTruth, set_counts
 from evaluator.program.kernel_audit import COUNTED_ON_DATA
-from evaluator.program.same import SamePrograms
+from evaluator.program.same import SamePrograms, pruned
 from evaluator.correctness.reference import References
 from evaluator.result import EvalResult, Metrics, Provenance, Status
 from evaluator.figure.roofline import roofline
@@ -258,7 +258,8 @@ class Judge:
                                            chips=chips, timing_input=public, known=self.same.known(task, chips))
             data = stage_data(outcome)
             if "same" in data and self._failure(outcome) is None:
-                again = self.same.again(task, chips, str(data["same"].get("program_sha256")), outcome.wall_time_s)
+                again = self.same.again(task, chips, str(data["same"].get("program_sha256")), outcome.wall_time_s,
+                                        prune_above_cycles if prune is not None else None)
                 if again is not None:
                     return again
             compiled = data.get("compile", {})
@@ -278,11 +279,7 @@ class Judge:
                 return EvalResult(status, error=error, stage=stage, metrics=metrics, provenance=prov,
                                   log_tail=outcome.output[-4000:])
             if "prune" in data:
-                cycles = int(data["prune"]["cycles"])
-                return EvalResult(Status.PRUNED, stage="prune", provenance=prov, error=(
-                    f"estimated {cycles:,} cycles, over the cut of {prune_above_cycles:,}: too slow to "
-                    "matter, so it was not checked for correctness and has no speed"),
-                    metrics=dataclasses.replace(metrics, estimated_cycles=cycles))
+                return pruned(int(data["prune"]["cycles"]), prune_above_cycles, metrics, prov)
 
             # Correctness: this process compares the outputs with its own references.
             outputs = data.get("correctness", {}).get("outputs", [])

@@ -10,8 +10,10 @@ saying so. The hash is the runner's, never the worker's: a worker that lied abou
 could otherwise borrow another kernel's verdict.
 
 Only verdicts the program alone decides are reused: not PRUNED (it depends on the search's cut
-at the time), not TIMEOUT, CRASH or OOM (they depend on the machine). Memory only: a judge's
-lifetime, one run.
+at the time), not TIMEOUT, CRASH or OOM (they depend on the machine). A reused PASS is held to
+the cut of the judgement that reuses it: over the cut, it ends PRUNED, as a fresh judgement of
+the same program would (its estimate kept; no speed, no sign of correctness). Memory only: a
+judge's lifetime, one run.
 """
 
 from __future__ import annotations
@@ -44,8 +46,10 @@ class SamePrograms:
             with self._lock:
                 self._verdicts.setdefault((task, result.metrics.chips or 1, digest), result)
 
-    def again(self, task, chips: int, digest: str, wall_time_s: float) -> EvalResult | None:
-        """The earlier verdict on the program ``digest``, said to be reused (None: none known)."""
+    def again(self, task, chips: int, digest: str, wall_time_s: float,
+              prune_above_cycles: int | None = None) -> EvalResult | None:
+        """The earlier verdict on the program ``digest``, said to be reused (None: none known),
+        held to ``prune_above_cycles`` as a fresh judgement would be."""
         with self._lock:
             earlier = self._verdicts.get((task, chips, digest))
             if earlier is not None:
@@ -54,5 +58,23 @@ class SamePrograms:
             return None
         note = (f"judged once: this kernel lowers to the same program as one judged before "
                 f"(program sha256 {digest[:16]}); its verdict is that kernel's")
-        return dataclasses.replace(earlier, log_tail=note, metrics=dataclasses.replace(
-            earlier.metrics, runner_time_s=wall_time_s, compile_time_s=None, correctness_time_s=None))
+        metrics = dataclasses.replace(earlier.metrics, runner_time_s=wall_time_s, compile_time_s=None,
+                                      correctness_time_s=None, timing_time_s=None)
+        cycles = metrics.estimated_cycles
+        if earlier.status is Status.PASS and prune_above_cycles is not None and cycles is not None \
+                and cycles > prune_above_cycles:
+            return pruned(cycles, prune_above_cycles, metrics, earlier.provenance, log_tail=note)
+        return dataclasses.replace(earlier, log_tail=note, metrics=metrics)
+
+
+def pruned(cycles: int, cut: int, metrics, provenance, log_tail: str = "") -> EvalResult:
+    """The verdict on a kernel whose estimate is over the cut: the estimate and what the compile
+    told, and nothing that correctness or timing would have (no speed, so no fitness)."""
+    kept = dataclasses.replace(
+        metrics, estimated_cycles=cycles, latency_s=None, latency_ci_s=None, reference_latency_s=None,
+        speedup_vs_reference=None, tflops=None, mxu_util=None, hbm_util=None, regime=None,
+        roofline_latency_s=None, max_abs_error=None, max_rel_error=None, reference_max_abs_error=None,
+        correctness_time_s=None, timing_time_s=None)
+    return EvalResult(Status.PRUNED, stage="prune", provenance=provenance, log_tail=log_tail, metrics=kept, error=(
+        f"estimated {cycles:,} cycles, over the cut of {cut:,}: too slow to matter, so it was not "
+        "checked for correctness and has no speed"))

@@ -6,14 +6,25 @@ Real jail, real compiler, tiny shapes.
 
 from __future__ import annotations
 
+import pytest
+
+from evaluator.program.same import SamePrograms
 from evaluator.result import Status
 
 from .conftest import TINY, variant
 
 
+@pytest.fixture(autouse=True)
+def _judged_afresh(judge):
+    """These tests are about the stages a judgement runs: the shared judge forgets the programs
+    it judged for other tests (which it would otherwise judge once, evaluator/program/same.py)."""
+    judge.same = SamePrograms()
+
+
 def test_a_slow_kernel_is_pruned_with_its_estimate_and_no_speed(judge, seed_source):
     full = judge.evaluate(seed_source, TINY)
     assert full.status is Status.PASS, full.error
+    judge.same = SamePrograms()                     # the pruning stage itself, not a reused verdict
     pruned = judge.evaluate(seed_source, TINY, prune_above_cycles=full.metrics.estimated_cycles - 1)
     assert pruned.status is Status.PRUNED and not pruned.ok
     assert pruned.metrics.estimated_cycles == full.metrics.estimated_cycles   # the estimate is kept

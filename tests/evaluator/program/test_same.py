@@ -26,6 +26,21 @@ def test_only_verdicts_the_program_alone_decides_are_reused():
     assert same.again(task, 1, "b", 2.0) is None and same.reused == 1
 
 
+def test_a_reused_pass_is_held_to_the_cut_of_the_judgement_that_reuses_it():
+    same = SamePrograms()
+    task = object()
+    same.remember(task, EvalResult(Status.PASS, metrics=Metrics(
+        program_sha256="a", chips=1, estimated_cycles=1000, latency_s=1e-6, speedup_vs_reference=1.5,
+        max_abs_error=0.01, compile_time_s=3.0)))
+    assert same.again(task, 1, "a", 2.0, prune_above_cycles=1000).status is Status.PASS   # not over it
+    cut = same.again(task, 1, "a", 2.0, prune_above_cycles=999)
+    assert cut.status is Status.PRUNED and not cut.ok and "1,000" in cut.error and "judged once" in cut.log_tail
+    m = cut.metrics
+    assert m.estimated_cycles == 1000 and m.program_sha256 == "a"
+    assert m.latency_s is None and m.speedup_vs_reference is None and m.max_abs_error is None
+    assert m.compile_time_s is None          # this judgement compiled nothing
+
+
 @pytest.mark.judge
 def test_an_edit_the_program_does_not_see_is_judged_once(judge):
     """A comment and a block the wrapper clamps back (min(BLOCK_K, k) at k = 256) lower to the
