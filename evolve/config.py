@@ -104,6 +104,9 @@ class TaskConfig:
     start: str | None = None
     reference: str | None = None
     entry: str | None = None
+    # A seed's kernel serving the reference file (evolve/start/serve.py): its k-th argument is the
+    # workload's input order[k] ("2,0,1"; None: the workload's order)
+    order: str | None = None
 
     def __post_init__(self) -> None:
         if self.reference:     # stored with the run as an absolute path: a resume from elsewhere finds it
@@ -114,6 +117,8 @@ class TaskConfig:
                 verb = "does" if len(given) == 1 else "do"
                 raise UsageError(f"{' and '.join(given)} {verb} not apply to --reference: the reference file's "
                                  "create_inputs() sets the dtypes (and, by its keywords, --shape); drop them")
+        if self.order and not self.reference:
+            raise UsageError("an input order is for a seed serving a reference file; give --reference R.py")
         self.load_seed()
 
     def load_seed(self):
@@ -152,7 +157,7 @@ class TaskConfig:
         if kernel_source is None and (self.start or not self.reference):
             kernel_source = resolve_start(self.start, seed).source
         try:
-            return seed.read_task(kernel_source, self.entry, self.shape)
+            return seed.read_task(kernel_source, self.entry, self.shape, self.order)
         except SeedError as exc:
             raise UsageError(str(exc)) from None
 

@@ -108,12 +108,16 @@ class Task(SeedTask):
     profile: str = ""
     shape: str = ""               # create_inputs' keywords, as --shape gives them ("" : its defaults)
     names: str = ""               # the kernel entry's names for the inputs ("a,b"; "" : the workload's)
+    # A seed's kernel serving this file (evolve/start/serve.py): its entry's k-th argument is the
+    # workload's input order[k] ("2,0,1"; "" : the workload's own order)
+    order: str = ""
 
     @classmethod
     def read(cls, path: str | Path, kernel_source: str | None = None, entry: str | None = None,
-             shape: str | None = None, own_kernel: str | None = None) -> Task:
+             shape: str | None = None, own_kernel: str | None = None, order: str | None = None) -> Task:
         """The task of the reference file at ``path`` at ``shape``, its entry found in
-        ``kernel_source`` (or ``entry``); ReferenceError saying what is wrong."""
+        ``kernel_source`` (or ``entry``), called with the inputs in ``order`` (see the field);
+        ReferenceError saying what is wrong."""
         path = Path(path).expanduser()
         try:
             source = path.read_text()
@@ -137,8 +141,12 @@ class Task(SeedTask):
         name = (kernel_entry(kernel_source, arity, entry, prefer, model) if kernel_source is not None
                 else (entry or "workload"))
         names = entry_names(kernel_source, name, arity) if kernel_source is not None and "." not in name else ()
+        taken = _order(order, arity)
+        if taken and names:            # the workload's input order[k] is the entry's k-th name
+            names = tuple(names[taken.index(i)] for i in range(arity))
         return cls(source=source, path=str(path.resolve()), entry=name, profile=profile,
-                   shape=json.loads(profile)["shape"], names=",".join(names))
+                   shape=json.loads(profile)["shape"], names=",".join(names),
+                   order=",".join(map(str, taken)))
 
     @classmethod
     def from_options(cls, shape: str | None = None, **options: Any) -> Task:
@@ -159,7 +167,8 @@ class Task(SeedTask):
     def key(self) -> str:
         specs = ".".join(f"{i['dtype']}_{'x'.join(map(str, i['shape'])) or 'scalar'}" for i in self._read["inputs"])
         digest = hashlib.sha256(self.source.encode()).hexdigest()[:8]
-        return f"{reference_name(self.path)}/{specs}-{digest}"
+        served = f"-order{self.order.replace(',', '')}" if self.order else ""
+        return f"{reference_name(self.path)}/{specs}-{digest}{served}"
 
     @property
     def grammar(self) -> str:
@@ -242,11 +251,34 @@ class Task(SeedTask):
         """A kernel in KernelBench's convention is called through a function appended to it
         (seeds/kernelbench.py); any other as it is, by its entry."""
         model = self._read.get("model")
+        if self.order:                 # a seed's kernel serving the file: its inputs in its order
+            names = list(self.input_names)
+            called = ", ".join(names[int(i)] for i in self.order.split(","))
+            return (source + f"\n\n\ndef {SERVED}({', '.join(names)}):\n    return {self.entry}({called})\n",
+                    SERVED)
         if model is None or "." not in self.entry:
             return source, self.entry
         sizes = {k: int(v) for k, _, v in (item.partition("=") for item in self.shape.split(",") if item)}
         called = kernelbench.with_sizes(source, sizes)      # its copy of the task's sizes, at this task's
         return called + kernelbench.adapter(self.entry, model, list(self.input_names)), kernelbench.ADAPTER
+
+
+SERVED = "pallas_evolve_served"     # the function the judge appends to call a seed's kernel in its order
+
+
+def _order(order: str | None, arity: int) -> tuple[int, ...]:
+    """``order`` ("2,0,1") as a tuple, () for none or the identity; ReferenceError if it is no
+    order of ``arity`` inputs."""
+    if not order:
+        return ()
+    try:
+        taken = tuple(int(i) for i in order.split(","))
+    except ValueError:
+        taken = ()
+    if sorted(taken) != list(range(arity)):
+        raise ReferenceError(f"input order {order!r} is not an order of the workload's {arity} inputs "
+                             f"(e.g. {','.join(map(str, reversed(range(arity))))})")
+    return () if taken == tuple(range(arity)) else taken
 
 
 def _np_dtype(name: str):
@@ -313,10 +345,11 @@ class ReferenceSeed(Seed):
         doc = ast.get_docstring(ast.parse(self.reference.read_text())) or ""
         return doc.strip().splitlines()[0] if doc.strip() else f"the workload of {self.reference}"
 
-    def read_task(self, kernel_source: str | None, entry: str | None = None, shape: str | None = None) -> Task:
+    def read_task(self, kernel_source: str | None, entry: str | None = None, shape: str | None = None,
+                  order: str | None = None) -> Task:
         own = self.directory / "kernel.py"       # a seed directory's kernel: its entry's name is preferred
         own_source = own.read_text() if self.reference.name == "reference.py" and own.is_file() else None
-        return Task.read(self.reference, kernel_source, entry, shape, own_source)
+        return Task.read(self.reference, kernel_source, entry, shape, own_source, order)
 
     def default_task(self) -> Task:
         return self.read_task(self.kernel_source)

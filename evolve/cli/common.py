@@ -142,7 +142,8 @@ def start_parser() -> argparse.ArgumentParser:
                              "from the installed package, e.g. jax.experimental.pallas.ops.tpu.flash_attention), "
                              "a built-in seed's name (its kernel.py), a seed directory or a file; with --reference, "
                              "a seed's kernel of fewer inputs is grafted into the workload (matmul under a bias "
-                             "and gelu)")
+                             "and gelu); auto (the default for a reference file with no kernel): every built-in "
+                             "seed whose SIGNATURE its inputs fit is judged on it, the best that passes taken")
     return parser
 
 

@@ -30,7 +30,8 @@ def task_from_args(args: argparse.Namespace, default_seed: str = "flash_attentio
     reference = one_task(args)
     args.seed = args.seed or default_seed
     config = TaskConfig(seed=args.seed, shape=args.shape, causal=args.causal, dtype=args.dtype, chips=args.chips,
-                        start=getattr(args, "start", None), reference=reference, entry=getattr(args, "entry", None))
+                        start=getattr(args, "start", None), reference=reference, entry=getattr(args, "entry", None),
+                        order=getattr(args, "order", None))
     args.chip = args.chip or config.load_seed().task_class.default_chip
     if args.chip not in CHIPS:
         raise UsageError(f"unknown chip {args.chip!r}; use --chip with one of: {', '.join(CHIPS)}")
@@ -185,6 +186,52 @@ def estimate_only(judge, source: str, task, shown: str, start, fmt: str) -> int:
     return 0 if cycles else 1
 
 
+def _judge_maker(args: argparse.Namespace):
+    """The command's judge, made once when first asked for (``args.chip`` set by then)."""
+    from evaluator import Judge
+    from evolve.config import JudgeSettings
+
+    static = args.timing in (None, "auto") or args.timing.startswith("compiler_estimate")
+    if args.estimate_only and not static:
+        raise UsageError(f"--estimate-only reads the compiler's estimate; drop --timing {args.timing} "
+                         "or judge the kernel in full without --estimate-only")
+    made: list = []
+
+    def judge():
+        if not made:
+            timing = args.timing or seed_timing(seed_from_args(args)) or "auto"
+            if args.estimate_only and timing == "auto":
+                timing = "compiler_estimate"
+            try:
+                made.append(Judge(JudgeSettings(chip=args.chip, timing=timing,
+                                                memory_gib=args.memory or 0).judge_config()))
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+        return made[0]
+    return judge
+
+
+def _serve(args: argparse.Namespace, judge_for) -> None:
+    """A reference file and no kernel (or ``--start auto``): the built-in seed that serves it best
+    becomes ``--start`` (evolve/start/serve.py), the seeds tried printed; UsageError when none does."""
+    from evolve.config import TaskConfig
+    from evolve.start.serve import serve, served_config, wants_serving
+
+    config = TaskConfig(seed=args.seed or "flash_attention", shape=args.shape, start=args.start,
+                        reference=one_task(args), entry=getattr(args, "entry", None))
+    if not wants_serving(config):
+        return
+    if args.estimate_only:
+        raise UsageError("--estimate-only gives no verdict, and serving a reference file takes the seed whose "
+                         "kernel passes on it; drop --estimate-only, or name the kernel with --start")
+    args.chip = args.chip or config.load_seed().task_class.default_chip
+    found = serve(config, lambda task: lambda source: judge_for().evaluate(source, task),
+                  progress=lambda line: print(line, file=sys.stderr, flush=True))
+    chosen = served_config(config, found)
+    print(found.report(), file=sys.stderr)
+    args.start, args.order = chosen.start, chosen.order
+
+
 class EvalCommand(Command):
     name = "eval"
     help = "judge one kernel file against the seed's task"
@@ -201,12 +248,13 @@ class EvalCommand(Command):
                                  "here; never for crowning), nothing stored")
 
     def take_action(self, args: argparse.Namespace) -> int:
-        from evaluator import Judge
-        from evolve.config import JudgeSettings
 
         if args.path and not Path(args.path).is_file():
             raise UsageError(f"no kernel file at {args.path}; give the path of a Python file that defines "
                              "the task's entry point")
+        judge_for = _judge_maker(args)
+        if getattr(args, "reference", None) and not args.path:
+            _serve(args, judge_for)
         task = task_from_args(args, path=args.path)
         wanted = f"defines the seed's entry point {task.entry}({', '.join(task.input_names)}, ...)"
         if not args.path and not args.start:
@@ -224,17 +272,7 @@ class EvalCommand(Command):
         note = left_out(source, task)
         if note:
             print(note, file=sys.stderr)
-        static = args.timing in (None, "auto") or args.timing.startswith("compiler_estimate")
-        if args.estimate_only and not static:
-            raise UsageError(f"--estimate-only reads the compiler's estimate; drop --timing {args.timing} "
-                             "or judge the kernel in full without --estimate-only")
-        timing = args.timing or seed_timing(seed_from_args(args)) or "auto"
-        if args.estimate_only and timing == "auto":
-            timing = "compiler_estimate"
-        try:
-            judge = Judge(JudgeSettings(chip=args.chip, timing=timing, memory_gib=args.memory or 0).judge_config())
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
+        judge = judge_for()
         if args.estimate_only:
             return estimate_only(judge, source, task, shown, start, args.format)
         result = judge.evaluate(source, task)

@@ -37,6 +37,29 @@ def _config_from_args(args: argparse.Namespace):
     return dataclasses.replace(config, judge=dataclasses.replace(config.judge, timing=timing)) if timing else config
 
 
+def served(config, executor, data_dir: str):
+    """``config``, its task started from the built-in seed that serves its reference file best when
+    it brings no kernel (evolve/start/serve.py), judged by ``executor``; the seeds tried are
+    printed. UsageError when none passes."""
+    import dataclasses
+
+    from evaluator import Judge
+    from evolve.start.serve import serve, served_config, wants_serving
+
+    if not wants_serving(config.task):
+        return config
+    made: list = []
+
+    def judging(task):
+        made[:] = made or [Judge(config.judge.judge_config(data_dir))]
+        return executor.judging(made[0], task)
+
+    found = serve(config.task, judging, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    task = served_config(config.task, found)
+    print(found.report(), file=sys.stderr)
+    return dataclasses.replace(config, task=task)
+
+
 def with_executor(config, executor: str | None, ray_address: str | None):
     """A stored run's configuration, judged where --executor / --ray-address now say (a Ray address
     stored with the run is kept only while the executor stays ray)."""
@@ -144,14 +167,15 @@ class RunCommand(Command):
         from evolve.start.resolve import resolve_start
 
         config = _config_from_args(args)
-        task = config.task.task()
-        source = resolve_start(config.task.start, config.task.load_seed()).for_task(task).source
-        check_tiling(source, task)
-        note = left_out(source, task)
-        if note:
-            print(note, file=sys.stderr)
-        archive_at(args.data_dir, create=True)
         with open_executor(config.judge) as executor:
+            config = served(config, executor, args.data_dir)
+            task = config.task.task()
+            source = resolve_start(config.task.start, config.task.load_seed()).for_task(task).source
+            check_tiling(source, task)
+            note = left_out(source, task)
+            if note:
+                print(note, file=sys.stderr)
+            archive_at(args.data_dir, create=True)
             run = EvolutionRun(config, args.data_dir, executor=executor)
             print(f"run {run.run_id}: {config.search.population} individuals x {config.search.generations} "
                   f"generations on {run.task.key}, chip {config.judge.chip}, data in {args.data_dir}; "

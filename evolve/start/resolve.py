@@ -125,6 +125,9 @@ def _resolve(spec: str | None, seed, file: bool) -> Start:
         except SeedError as exc:      # a reference file: no kernel of its own
             raise UsageError(str(exc)) from None
         return Start("", "seed", seed.name, str(path), _read(path, spec))
+    if spec == "auto" and not file:       # served by the built-in seeds: resolved before a start is read
+        raise UsageError("--start auto serves a reference file with the built-in seeds (evolve/start/serve.py); "
+                         "give --reference R.py")
     declared = declared_starts(seed)
     if spec in declared and not file:
         return _module_start(spec, declared[spec])

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 SMALL = "M=256,K=256,N=256,E=4"     # the shape the tests run it at
+SIGNATURE = "lhs: bf16[M,K], rhs: bf16[E,K,N], group_sizes: i32[E]"     # what the kernel takes
 RAGGED = {"group_sizes": ("lhs", 0)}   # secret draws of the group sizes: they add up to lhs's rows
 # Judged so where no --timing is given: XLA's ragged_dot, the program speedups are quoted against,
 # has a compiler estimate only with VMEM memory-space assignment off (docs/judge.md).

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 
 SMALL = "M=128,K=256,N=256"     # the shape the tests run it at
+SIGNATURE = "a: bf16[M,K], b: bf16[K,N]"     # what the kernel takes (seeds/signature.py)
 
 
 def create_inputs(M=4096, K=4096, N=4096):

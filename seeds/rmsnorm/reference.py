@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 
 SMALL = "T=64,D=256"     # the shape the tests run it at
+SIGNATURE = "x: bf16[T,D], w: bf16[1,D]"     # what the kernel takes (seeds/signature.py)
 EPS = 1e-6
 
 
