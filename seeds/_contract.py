@@ -161,6 +161,15 @@ class SeedTask:
         """The plain XLA program (a jax function of the inputs) speedups are quoted against."""
         raise NotImplementedError
 
+    def check_units(self, seed: int) -> None:
+        """For a task checked unit by unit (seeds/units.py): that its workload is independent along
+        the units, on a secret draw (``seed``); ValueError saying which claim fails. Others: nothing."""
+
+    def on_units(self, fn, args):
+        """The task's XLA program ``fn`` on the input set ``args``, as the check runs it: whole,
+        unless the task checks a model-sized workload unit by unit (seeds/units.py)."""
+        return fn(*args)
+
     def measured_on(self, arrays: dict[str, np.ndarray]) -> SeedTask:
         """This task, its FLOPs and unavoidable bytes counted on the timing input's small integers
         (``arrays``, the judge's secret draw: e.g. a decode task's cache lengths). By default the

@@ -50,6 +50,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -60,6 +61,7 @@ from typing import Any
 import numpy as np
 
 from seeds._contract import WIDE, Seed, SeedTask, wide_factor, widened
+from seeds import units
 from seeds.entries import ReferenceError, entry_names, kernel_entry
 from seeds import kernelbench
 from seeds.reference_child import workload_of
@@ -111,6 +113,9 @@ class Task(SeedTask):
     # A seed's kernel serving this file (evolve/start/serve.py): its entry's k-th argument is the
     # workload's input order[k] ("2,0,1"; "" : the workload's own order)
     order: str = ""
+    # A model-sized check (seeds/units.py): where each input and the output hold the units the
+    # workload is independent along, their sizes and how many bases a draw copies ("" : none)
+    units: str = ""
 
     @classmethod
     def read(cls, path: str | Path, kernel_source: str | None = None, entry: str | None = None,
@@ -146,7 +151,7 @@ class Task(SeedTask):
             names = tuple(names[taken.index(i)] for i in range(arity))
         return cls(source=source, path=str(path.resolve()), entry=name, profile=profile,
                    shape=json.loads(profile)["shape"], names=",".join(names),
-                   order=",".join(map(str, taken)))
+                   order=",".join(map(str, taken)), units=_units(path, json.loads(profile)))
 
     @classmethod
     def from_options(cls, shape: str | None = None, **options: Any) -> Task:
@@ -216,7 +221,43 @@ class Task(SeedTask):
                          for a, spec in zip(self.make_inputs(seed, "normal"), self._read["inputs"], strict=True))
         rng = np.random.default_rng(seed)
         factor = 10.0 ** rng.uniform(-1.0, 1.0) if distribution == "scaled" else 1.0
-        return tuple(_draw(spec, rng, distribution, factor) for spec in self._read["inputs"])
+        if not self.units:
+            return tuple(_draw(spec, rng, distribution, factor) for spec in self._read["inputs"])
+        held = json.loads(self.units)       # copies of a few base units (seeds/units.py)
+        assign = units.assignment(rng, math.prod(held["sizes"]), held["bases"])
+        bases = [_draw({**spec, "shape": [held["bases"], *np.delete(spec["shape"], ax)]} if ax else spec,
+                       rng, distribution, factor)
+                 for spec, ax in zip(self._read["inputs"], held["inputs"], strict=True)]
+        return tuple(units.expand(bases, held["inputs"], held["sizes"], assign))
+
+    def check_units(self, seed: int) -> None:
+        """The file's claim that its workload is independent along its units: on a secret draw of
+        two units, the workload of both, sliced, equals the workload of each alone."""
+        if not self.units:
+            return
+        held = json.loads(self.units)
+        for j, symbol in enumerate(held["symbols"]):        # two units apart along each unit axis
+            pair = dict(held, sizes=[2 if i == j else 1 for i in range(len(held["sizes"]))], bases=2)
+            two = dataclasses.replace(self, units=json.dumps(pair))
+            inputs = two.make_inputs(seed + j, "normal")
+            together = dataclasses.replace(self, units="")._workload(inputs, "truth")
+            alone = two._workload(inputs, "truth")
+            scale = float(np.max(np.abs(alone))) or 1.0
+            worst = float(np.max(np.abs(together - alone))) / scale
+            if not np.all(np.isfinite(together)) or worst > 1e-4:
+                raise ReferenceError(
+                    f"reference file {self.path}: its workload is not independent along {symbol} (as "
+                    f"{held['from']} declares in UNITS): two units apart along {symbol}, together, differ from "
+                    f"each alone by {worst:.3g} of the output's size; a model-sized check cannot slice it")
+
+    def on_units(self, fn, args):
+        """``fn`` (the task's XLA program) on ``args``; for a model-sized check, on each distinct
+        unit alone (seeds/units.py), as the truth is."""
+        if not self.units:
+            return fn(*args)
+        held = json.loads(self.units)
+        return units.per_base(lambda *a: np.asarray(fn(*a)), [np.asarray(a) for a in args], held["inputs"],
+                              held["output"], held["sizes"])
 
     def reference(self, *inputs: np.ndarray) -> np.ndarray:
         """The workload on ``inputs`` with its floats in f32, run by a CPU child."""
@@ -238,6 +279,8 @@ class Task(SeedTask):
             (root / "reference.py").write_text(self.source)
             meta = [save_array(root / f"in{i}.npy", np.asarray(a)) for i, a in enumerate(inputs)]
             (root / "inputs.json").write_text(json.dumps(meta))
+            if self.units:
+                (root / "units.json").write_text(self.units)
             _run_child(mode, str(root / "reference.py"), str(root), self.path, self.shape)
             error = root / "error.txt"
             if error.exists():
@@ -261,6 +304,37 @@ class Task(SeedTask):
         sizes = {k: int(v) for k, _, v in (item.partition("=") for item in self.shape.split(",") if item)}
         called = kernelbench.with_sizes(source, sizes)      # its copy of the task's sizes, at this task's
         return called + kernelbench.adapter(self.entry, model, list(self.input_names)), kernelbench.ADAPTER
+
+
+def _units(path: Path, read: dict[str, Any]) -> str:
+    """The model-sized check's units for the reference file at ``path`` (seeds/units.py), as the
+    Task's ``units`` field: "" for a workload small enough to check whole, or whose file, and no
+    built-in seed's SIGNATURE that its inputs fit, declares UNITS."""
+    if read.get("model") is not None or float(read.get("flops") or 0) <= units.SLICE_ABOVE_FLOPS:
+        return ""
+    from seeds._contract import BUILTIN_DIR
+    from seeds.signature import SignatureError, declared_units, fits
+
+    specs = [(tuple(i["shape"]), i["dtype"]) for i in read["inputs"]]
+    if any(i["static"] or i.get("ragged") for i in read["inputs"]):
+        return ""
+    for lender in [path, *sorted(BUILTIN_DIR.glob("*/reference.py"))]:
+        try:
+            found = declared_units(lender)
+        except (SignatureError, SyntaxError, OSError):
+            continue
+        orders = fits(found.params, specs) if found else []
+        if not orders:
+            continue
+        order = orders[0]
+        axes = [list(found.axes(found.params[order.index(i)])) for i in range(len(specs))]
+        first = next(i for i, ax in enumerate(axes) if ax)
+        sizes = [specs[first][0][a] for a in axes[first]]
+        count = math.prod(sizes)
+        return json.dumps({"inputs": axes, "output": list(found.axes(found.output)), "sizes": sizes,
+                           "bases": units.bases_for(float(read["flops"]), count), "symbols": list(found.symbols),
+                           "from": str(lender)})
+    return ""
 
 
 SERVED = "pallas_evolve_served"     # the function the judge appends to call a seed's kernel in its order

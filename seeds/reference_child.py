@@ -305,8 +305,16 @@ def _truth(source_path: str, root: str, shown: str, shape: str = "", absolute: b
     inputs = [(np.abs(a.astype(np.float32)) if absolute else a.astype(np.float32))
               if np.issubdtype(a.dtype, np.floating) or str(a.dtype) == "bfloat16" else a for a in inputs]
     try:
-        workload = workload_of(Path(source_path).read_text(), shown, shape)
-        out = jax.jit(workload)(*map(jnp.asarray, inputs))
+        run = jax.jit(workload_of(Path(source_path).read_text(), shown, shape))
+        units = root_path / "units.json"
+        if units.is_file():        # a model-sized check: each distinct unit alone (seeds/units.py)
+            from seeds.units import per_base
+
+            held = json.loads(units.read_text())
+            out = per_base(lambda *a: np.asarray(run(*map(jnp.asarray, a)), dtype=np.float32), inputs,
+                           held["inputs"], held["output"], held["sizes"])
+        else:
+            out = run(*map(jnp.asarray, inputs))
         save_array(root_path / "out.npy", np.asarray(out, dtype=np.float32))
     except Exception as exc:  # noqa: BLE001
         (root_path / "error.txt").write_text(f"workload on a draw raises {_one_line(exc)}")

@@ -1,14 +1,20 @@
 """What a seed's kernel takes: its reference file's ``SIGNATURE``, and the orders in which a
 user's workload's inputs fit it.
 
-    SIGNATURE = "q: bf16[B,H,S,D], k: bf16[B,H,S,D], v: bf16[B,H,S,D]"
+    SIGNATURE = "q: bf16[B,H,S,D], k: bf16[B,H,S,D], v: bf16[B,H,S,D] -> bf16[B,H,S,D]"
+    UNITS = "B"            # the workload is independent along these (evaluator: model-sized checks)
 
 One entry per parameter of the seed's workload, in its order: a name, a dtype (bf16, f16, f32,
 f64, i8, i32, i64, bool) and the dimensions, each an upper-case symbol that binds one size
-wherever it appears, or an integer the kernel needs exactly. A reference file with no kernel of
-its own is served by every seed whose signature its inputs fit (evolve/start/serve.py): the
-fits are the orders of its inputs that give each of the seed's parameters an input of its dtype
-and rank with every symbol bound to one size. The file is read without being run.
+wherever it appears, or an integer the kernel needs exactly; after ``->``, the output's. ``UNITS``
+names symbols along which the workload is independent: the output's slice at a position of
+them is the workload of the inputs' slices at that position (a batch row, a head whose
+computation does not depend on its index, a token). Each input carries all of them or none.
+
+A reference file with no kernel of its own is served by every seed whose signature its inputs
+fit (evolve/start/serve.py): the fits are the orders of its inputs that give each of the seed's
+parameters an input of its dtype and rank with every symbol bound to one size. The file is read
+without being run.
 """
 
 from __future__ import annotations
@@ -40,9 +46,9 @@ class Param:
 
 
 def parse(text: str) -> tuple[Param, ...]:
-    """The parameters ``text`` declares; SignatureError saying which entry is wrong."""
+    """The parameters ``text`` declares (its output aside); SignatureError saying which entry is wrong."""
     params = []
-    for item in re.split(r",\s*(?=[A-Za-z_]\w*\s*:)", text.strip()):
+    for item in re.split(r",\s*(?=[A-Za-z_]\w*\s*:)", text.partition("->")[0].strip()):
         match = _ENTRY.match(item)
         if not match:
             raise SignatureError(f"SIGNATURE entry {item.strip()!r} is not 'name: dtype[D1,D2,...]'")
@@ -64,15 +70,61 @@ def parse(text: str) -> tuple[Param, ...]:
     return tuple(params)
 
 
-def declared(reference: str | Path) -> tuple[Param, ...] | None:
-    """The SIGNATURE of the reference file at ``reference`` (None: it declares none)."""
+def output(text: str) -> Param | None:
+    """The output a signature declares after ``->`` (None: none)."""
+    _, arrow, out = text.partition("->")
+    return parse(f"out: {out.strip()}")[0] if arrow else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Units:
+    """``UNITS``: the symbols the workload is independent along, and where each array holds them."""
+
+    symbols: tuple[str, ...]
+    params: tuple[Param, ...]
+    output: Param
+
+    def axes(self, param: Param) -> tuple[int, ...]:
+        """The axes of ``param`` holding the units, in the units' order (() : it holds none)."""
+        held = tuple(param.dims.index(s) for s in self.symbols if s in param.dims)
+        return held if len(held) == len(self.symbols) else ()
+
+
+def _constant(reference: str | Path, name: str) -> str | None:
     tree = ast.parse(Path(reference).read_text())
     for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "SIGNATURE" for t in node.targets):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
             if not (isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
-                raise SignatureError(f"{reference}: SIGNATURE must be a string literal")
-            return parse(node.value.value)
+                raise SignatureError(f"{reference}: {name} must be a string literal")
+            return node.value.value
     return None
+
+
+def declared(reference: str | Path) -> tuple[Param, ...] | None:
+    """The SIGNATURE of the reference file at ``reference`` (None: it declares none)."""
+    text = _constant(reference, "SIGNATURE")
+    return parse(text) if text is not None else None
+
+
+def declared_units(reference: str | Path) -> Units | None:
+    """The reference file's UNITS with its SIGNATURE (None: it declares none); SignatureError
+    where they disagree."""
+    units, text = _constant(reference, "UNITS"), _constant(reference, "SIGNATURE")
+    if not units:
+        return None
+    if text is None or output(text) is None:
+        raise SignatureError(f"{reference}: UNITS needs a SIGNATURE with its output ('... -> dtype[dims]')")
+    params, out = parse(text), output(text)
+    symbols = tuple(u.strip() for u in units.split(",") if u.strip())
+    found = Units(symbols, params, out)
+    for param in (*params, out):
+        held = [s for s in symbols if s in param.dims]
+        if held and not found.axes(param):
+            raise SignatureError(f"{reference}: {param.name} holds {', '.join(held)} but not every unit "
+                                 f"({units}); an array holds all of UNITS or none")
+    if not found.axes(out):
+        raise SignatureError(f"{reference}: the output must hold every unit ({units})")
+    return found
 
 
 def _bind(param: Param, shape: tuple[int, ...], dtype: str, bound: dict[str, int]) -> dict[str, int] | None:

@@ -138,6 +138,10 @@ class References:
 
     # ---- making them ------------------------------------------------------------------------------
     def _make(self, task: SeedTask) -> list[GroundTruth]:
+        try:
+            task.check_units(self._timing_seed(task) + 1)    # a model-sized check's claim, checked first
+        except ValueError as exc:
+            raise RuntimeError(str(exc)) from None
         sets = [truth_of(task, d) for d in draw(task, self.config.correctness_inputs, self._timing_seed(task))]
         figure = self.cached(task)
         private = private_dir("ref")

@@ -1,0 +1,107 @@
+"""Model-sized checks: a workload independent along some axes is checked on its full program,
+its truth computed on a few units (docs/judge.md, "Model-sized workloads").
+
+A reference file's ``UNITS`` (seeds/signature.py) names the axes its workload is independent
+along: a batch row, a token, a head whose computation does not depend on its index. Past
+``SLICE_ABOVE_FLOPS`` the f32 truth of the whole workload is too large for this machine (Mamba-2
+at its model shape needs one 17 GB array). The judge then draws each input set from ``k`` *base
+units*: every unit of every input that holds the units is a copy of one base unit, each base
+used at least once, the assignment a secret permutation; the inputs that hold no unit (weights)
+are drawn whole. The kernel runs on the whole set, as timed; its output is compared at *every*
+position with the truth of that position's base, which is the workload on the ``k`` bases alone,
+computed one base at a time. So:
+
+* every output element is checked (a kernel wrong on one row, or that skips rows, fails);
+* a kernel that mixes units (row 0's keys for every row) fails unless the two units share a base,
+  which the secret assignment makes unlikely at ``k`` >= 2 and each set draws anew;
+* a kernel cannot gain by knowing the rule: the timed figure is its program's on its own timing
+  input, which holds no copies; computing copies once would need branches on data, which the
+  figure counts on that input, so they win nothing there.
+
+The claim of independence is the reference file's, and the judge checks it before trusting it:
+on a secret draw of two units, the workload of both, sliced, must equal the workload of each
+alone (``check``); a claim that fails is a ReferenceError naming the units.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+SLICE_ABOVE_FLOPS = 5e10     # a workload's FLOPs past which its truth is computed on base units
+BASE_FLOPS = 1e11            # the f32 work the bases' truth may take (at least MIN_BASES of them)
+MIN_BASES = 2
+
+
+def bases_for(flops: float, count: int) -> int:
+    """How many base units a set of ``count`` units whose workload is ``flops`` is drawn from."""
+    per_unit = max(flops / max(count, 1), 1.0)
+    return int(min(count, max(MIN_BASES, math.floor(BASE_FLOPS / per_unit))))
+
+
+def flatten(a: np.ndarray, axes: Sequence[int]) -> np.ndarray:
+    """``a`` with its unit ``axes`` first and merged: (units, *rest)."""
+    moved = np.moveaxis(a, list(axes), list(range(len(axes))))
+    return moved.reshape((-1, *moved.shape[len(axes):]))
+
+
+def unflatten(flat: np.ndarray, axes: Sequence[int], sizes: Sequence[int]) -> np.ndarray:
+    """The inverse of ``flatten``: (units, *rest) to the unit ``axes`` of sizes ``sizes`` in place."""
+    shaped = flat.reshape((*sizes, *flat.shape[1:]))
+    return np.moveaxis(shaped, list(range(len(axes))), list(axes))
+
+
+def assignment(rng: np.random.Generator, count: int, k: int) -> np.ndarray:
+    """Each of ``count`` units' base, every one of the ``k`` bases used, in a secret order."""
+    return rng.permutation(np.concatenate([np.arange(k), rng.integers(0, k, count - k)])).astype(np.int64)
+
+
+def expand(bases: Sequence[np.ndarray | None], axes: Sequence[Sequence[int]], sizes: Sequence[int],
+           assign: np.ndarray) -> list[np.ndarray | None]:
+    """Full inputs from base ones (flattened: (k, *rest)); an input with no unit axes as it is."""
+    return [b if not ax else unflatten(b[assign], ax, sizes) for b, ax in zip(bases, axes, strict=True)]
+
+
+def distinct(arrays: Sequence[np.ndarray], axes: Sequence[Sequence[int]]) -> tuple[list[np.ndarray], np.ndarray]:
+    """The distinct units of ``arrays`` (those with unit axes): each array's bases, flattened
+    ((k, *rest), in order of first use; the others as they are), and each unit's base."""
+    flat = [flatten(a, ax) if ax else None for a, ax in zip(arrays, axes, strict=True)]
+    count = next(f.shape[0] for f in flat if f is not None)
+    keys: dict[bytes, int] = {}
+    assign = np.empty(count, np.int64)
+    first: list[int] = []
+    for u in range(count):
+        digest = hashlib.sha256()
+        for f in flat:
+            if f is not None:
+                digest.update(np.ascontiguousarray(f[u]).tobytes())
+        key = digest.digest()
+        if key not in keys:
+            keys[key] = len(first)
+            first.append(u)
+        assign[u] = keys[key]
+    picked = np.asarray(first)
+    return [f[picked] if f is not None else a for f, a in zip(flat, arrays, strict=True)], assign
+
+
+def one_unit(flat: np.ndarray | None, whole: np.ndarray, axes: Sequence[int], u: int) -> np.ndarray:
+    """Base unit ``u`` as the workload takes it: its unit axes of size one."""
+    if flat is None:
+        return whole
+    return unflatten(flat[u:u + 1], axes, [1] * len(axes))
+
+
+def per_base(fn: Callable[..., np.ndarray], arrays: Sequence[np.ndarray], axes: Sequence[Sequence[int]],
+             out_axes: Sequence[int], sizes: Sequence[int]) -> np.ndarray:
+    """``fn`` on ``arrays`` as the model-sized check computes it: on each distinct unit alone, one
+    at a time, the output of each unit placed at every position that unit holds."""
+    bases, assign = distinct(arrays, axes)
+    outs = []
+    for u in range(int(assign.max()) + 1):
+        out = np.asarray(fn(*[one_unit(b if ax else None, a, ax, u)
+                              for b, a, ax in zip(bases, arrays, axes, strict=True)]))
+        outs.append(flatten(out, out_axes))
+    return unflatten(np.concatenate(outs)[assign], out_axes, sizes)
