@@ -38,6 +38,10 @@ ROOT = Path(__file__).resolve().parents[2]
 TRACE_REFUSALS = ("host_callback", "unknown_custom_call", "effects", "multi_platform")
 # Which chips of a TPU host a process may use, as a scheduler (Ray) sets them for one task: passed
 # on to the runner, so that a judge given one chip times on that chip alone.
+# The task's own XLA program (trusted, once per task, its figure cached): budgets this many times a
+# candidate's, and at least this much address space (a model-sized program's libtpu compile).
+TRUSTED_SCALE = 4
+TRUSTED_MEMORY = 22 << 30
 CHIP_VISIBILITY_ENV = ("TPU_VISIBLE_CHIPS", "TPU_CHIPS_PER_HOST_BOUNDS", "TPU_HOST_BOUNDS")
 
 
@@ -128,12 +132,19 @@ class Children:
         return dataclasses.replace(limits, file_bytes=max(limits.file_bytes, need))
 
     def run(self, module: str, directory: Path, request: dict, env: dict[str, str], *,
-            jailed: bool, limits: Limits, total_budget: float | None = None) -> ChildOutcome:
+            jailed: bool, limits: Limits, total_budget: float | None = None, trusted: bool = False) -> ChildOutcome:
+        """``trusted``: the task's own XLA program, compiled and run once per task (its figure is
+        cached): it gets TRUSTED_SCALE times the stage budgets and at least TRUSTED_MEMORY of
+        address space, since a model-sized XLA program's libtpu compile can need both."""
         (directory / "request.json").write_text(json.dumps(request))
         argv = [sys.executable, "-m", module, str(directory / "request.json")]
         if jailed:
             argv = self.isolation.wrap(argv, str(directory))
         budgets = self.config.budgets
+        if trusted:
+            budgets = dataclasses.replace(budgets, **{f.name: getattr(budgets, f.name) * TRUSTED_SCALE
+                                                      for f in dataclasses.fields(budgets)})
+            limits = dataclasses.replace(limits, memory_bytes=max(limits.memory_bytes, TRUSTED_MEMORY))
         return run_child(argv, cwd=str(directory), env=env, budgets=budgets.as_dict(),
                          default_budget=budgets.load_s, limits=limits,
                          total_budget=total_budget)
@@ -189,7 +200,8 @@ class Children:
         elif chips > 1:                       # it runs on the host's chips: not one scheduler's chip
             for key in CHIP_VISIBILITY_ENV:
                 env.pop(key, None)
-        outcome = self.run("evaluator.runner", private, request, env, jailed=jailed, limits=self.limits(task))
+        outcome = self.run("evaluator.runner", private, request, env, jailed=jailed, limits=self.limits(task),
+                           trusted=mode == "reference")
         if self.on_tpu and outcome.returncode != 0:
             Path("/tmp/libtpu_lockfile").unlink(missing_ok=True)   # a killed runner's leftover
         return outcome
