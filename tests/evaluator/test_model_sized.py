@@ -58,3 +58,20 @@ def test_a_false_claim_of_independence_is_refused_before_any_kernel_is_judged(ju
     result = judge.evaluate((HERE / "honest.py").read_text(), task)
     assert result.status is not Status.PASS
     assert "not independent along B" in result.error, result.error
+
+
+def test_units_on_two_axes_flatten_copy_and_come_back_in_place():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 5, 2, 4))             # units on axes 1 and 3 (5 x 4 of them)
+    flat = units.flatten(x, [1, 3])
+    assert flat.shape == (20, 3, 2) and np.array_equal(units.unflatten(flat, [1, 3], [5, 4]), x)
+    assign = units.assignment(rng, 20, 3)
+    assert sorted(set(assign)) == [0, 1, 2]
+    bases = rng.standard_normal((3, 3, 2))
+    (full,) = units.expand([bases], [[1, 3]], [5, 4], assign)
+    found, again = units.distinct([full], [[1, 3]])
+    assert found[0].shape == (3, 3, 2) and np.array_equal(found[0][again], units.flatten(full, [1, 3]))
+
+    def per_unit_sum(a):                                # independent along axes 1 and 3 of its input
+        return a.sum(axis=(0, 2))
+    assert np.allclose(units.per_base(per_unit_sum, [full], [[1, 3]], [0, 1], [5, 4]), per_unit_sum(full))
