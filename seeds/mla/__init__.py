@@ -1,0 +1,1 @@
+"""The multi-head latent attention seed (reference.py, kernel.py): DeepSeek-V3's MLA, latent form."""
