@@ -32,3 +32,13 @@ def test_eval_of_a_reference_alone_judges_the_seed_that_fits_in_the_order_that_p
     assert r.returncode == 0, r.stderr[-3000:]
     assert "matmul: PASS (a=x, b=w)" in r.stderr and "rmsnorm: no order" in r.stderr
     assert '"status": "PASS"' in r.stdout and '"entry": "matmul"' in r.stdout
+
+
+def test_a_mamba_file_written_apart_from_the_seed_is_served_by_it_in_its_own_order():
+    """examples/jaxbench/mamba2_ssd.py: other names (A_log, x, B, C), another order and other
+    expressions than seeds/mamba2_ssd/reference.py; the seed's kernel passes on it."""
+    r = evolve("eval", "--reference", "examples/jaxbench/mamba2_ssd.py", "--shape",
+               "batch=1,tokens=2048,heads=1,state=128,head=64", "--chip", "v6e", "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "mamba2_ssd: PASS (c=C, b=B, x=x, a_log=A_log)" in r.stderr and "taken" in r.stderr
+    assert '"status": "PASS"' in r.stdout and '"entry": "ssd"' in r.stdout
