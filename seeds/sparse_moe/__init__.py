@@ -1,0 +1,1 @@
+"""The sparse mixture-of-experts seed (reference.py, kernel.py)."""
