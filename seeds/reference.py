@@ -151,7 +151,7 @@ class Task(SeedTask):
             names = tuple(names[taken.index(i)] for i in range(arity))
         return cls(source=source, path=str(path.resolve()), entry=name, profile=profile,
                    shape=json.loads(profile)["shape"], names=",".join(names),
-                   order=",".join(map(str, taken)), units=_units(path, json.loads(profile)))
+                   order=",".join(map(str, taken)), units=units.units_of(path, json.loads(profile)))
 
     @classmethod
     def from_options(cls, shape: str | None = None, **options: Any) -> Task:
@@ -231,24 +231,9 @@ class Task(SeedTask):
         return tuple(units.expand(bases, held["inputs"], held["sizes"], assign))
 
     def check_units(self, seed: int) -> None:
-        """The file's claim that its workload is independent along its units: on a secret draw of
-        two units, the workload of both, sliced, equals the workload of each alone."""
-        if not self.units:
-            return
-        held = json.loads(self.units)
-        for j, symbol in enumerate(held["symbols"]):        # two units apart along each unit axis
-            pair = dict(held, sizes=[2 if i == j else 1 for i in range(len(held["sizes"]))], bases=2)
-            two = dataclasses.replace(self, units=json.dumps(pair))
-            inputs = two.make_inputs(seed + j, "normal")
-            together = dataclasses.replace(self, units="")._workload(inputs, "truth")
-            alone = two._workload(inputs, "truth")
-            scale = float(np.max(np.abs(alone))) or 1.0
-            worst = float(np.max(np.abs(together - alone))) / scale
-            if not np.all(np.isfinite(together)) or worst > 1e-4:
-                raise ReferenceError(
-                    f"reference file {self.path}: its workload is not independent along {symbol} (as "
-                    f"{held['from']} declares in UNITS): two units apart along {symbol}, together, differ from "
-                    f"each alone by {worst:.3g} of the output's size; a model-sized check cannot slice it")
+        """The file's claim that its workload is independent along its units (seeds/units.py)."""
+        if self.units:
+            units.check(self, seed)
 
     def on_units(self, fn, args):
         """``fn`` (the task's XLA program) on ``args``; for a model-sized check, on each distinct
@@ -304,37 +289,6 @@ class Task(SeedTask):
         sizes = {k: int(v) for k, _, v in (item.partition("=") for item in self.shape.split(",") if item)}
         called = kernelbench.with_sizes(source, sizes)      # its copy of the task's sizes, at this task's
         return called + kernelbench.adapter(self.entry, model, list(self.input_names)), kernelbench.ADAPTER
-
-
-def _units(path: Path, read: dict[str, Any]) -> str:
-    """The model-sized check's units for the reference file at ``path`` (seeds/units.py), as the
-    Task's ``units`` field: "" for a workload small enough to check whole, or whose file, and no
-    built-in seed's SIGNATURE that its inputs fit, declares UNITS."""
-    if read.get("model") is not None or float(read.get("flops") or 0) <= units.SLICE_ABOVE_FLOPS:
-        return ""
-    from seeds._contract import BUILTIN_DIR
-    from seeds.signature import SignatureError, declared_units, fits
-
-    specs = [(tuple(i["shape"]), i["dtype"]) for i in read["inputs"]]
-    if any(i["static"] or i.get("ragged") for i in read["inputs"]):
-        return ""
-    for lender in [path, *sorted(BUILTIN_DIR.glob("*/reference.py"))]:
-        try:
-            found = declared_units(lender)
-        except (SignatureError, SyntaxError, OSError):
-            continue
-        orders = fits(found.params, specs) if found else []
-        if not orders:
-            continue
-        order = orders[0]
-        axes = [list(found.axes(found.params[order.index(i)])) for i in range(len(specs))]
-        first = next(i for i, ax in enumerate(axes) if ax)
-        sizes = [specs[first][0][a] for a in axes[first]]
-        count = math.prod(sizes)
-        return json.dumps({"inputs": axes, "output": list(found.axes(found.output)), "sizes": sizes,
-                           "bases": units.bases_for(float(read["flops"]), count), "symbols": list(found.symbols),
-                           "from": str(lender)})
-    return ""
 
 
 SERVED = "pallas_evolve_served"     # the function the judge appends to call a seed's kernel in its order

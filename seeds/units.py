@@ -105,3 +105,60 @@ def per_base(fn: Callable[..., np.ndarray], arrays: Sequence[np.ndarray], axes: 
                               for b, a, ax in zip(bases, arrays, axes, strict=True)]))
         outs.append(flatten(out, out_axes))
     return unflatten(np.concatenate(outs)[assign], out_axes, sizes)
+
+
+def units_of(path, read: dict) -> str:
+    """A reference file's model-sized check as its Task's ``units`` field (JSON: each input's and
+    the output's unit axes, the units' sizes, how many bases a draw copies, whose UNITS): "" for
+    a workload small enough to check whole, or that neither its file nor any built-in seed whose
+    SIGNATURE its inputs fit declares UNITS for. ``read``: what the file's CPU child read."""
+    import json
+
+    from seeds._contract import BUILTIN_DIR
+    from seeds.signature import SignatureError, declared_units, fits
+
+    if read.get("model") is not None or float(read.get("flops") or 0) <= SLICE_ABOVE_FLOPS:
+        return ""
+    if any(i["static"] or i.get("ragged") for i in read["inputs"]):
+        return ""
+    specs = [(tuple(i["shape"]), i["dtype"]) for i in read["inputs"]]
+    for lender in [path, *sorted(BUILTIN_DIR.glob("*/reference.py"))]:
+        try:
+            found = declared_units(lender)
+        except (SignatureError, SyntaxError, OSError):
+            continue
+        orders = fits(found.params, specs) if found else []
+        if not orders:
+            continue
+        axes = [list(found.axes(found.params[orders[0].index(i)])) for i in range(len(specs))]
+        first = next(i for i, ax in enumerate(axes) if ax)
+        sizes = [specs[first][0][a] for a in axes[first]]
+        return json.dumps({"inputs": axes, "output": list(found.axes(found.output)), "sizes": sizes,
+                           "bases": bases_for(float(read["flops"]), math.prod(sizes)),
+                           "symbols": list(found.symbols), "from": str(lender)})
+    return ""
+
+
+def check(task, seed: int) -> None:
+    """A reference Task's claim that its workload is independent along its units: on a secret
+    draw (``seed``) of two units apart along each unit axis, the workload of both, sliced, equals
+    the workload of each alone; ReferenceError naming the axis where it does not."""
+    import dataclasses
+    import json
+
+    from seeds.entries import ReferenceError
+
+    held = json.loads(task.units)
+    for j, symbol in enumerate(held["symbols"]):
+        pair = dict(held, sizes=[2 if i == j else 1 for i in range(len(held["sizes"]))], bases=2)
+        two = dataclasses.replace(task, units=json.dumps(pair))
+        inputs = two.make_inputs(seed + j, "normal")
+        together = dataclasses.replace(task, units="")._workload(inputs, "truth")
+        alone = two._workload(inputs, "truth")
+        scale = float(np.max(np.abs(alone))) or 1.0
+        worst = float(np.max(np.abs(together - alone))) / scale
+        if not np.all(np.isfinite(together)) or worst > 1e-4:
+            raise ReferenceError(
+                f"reference file {task.path}: its workload is not independent along {symbol} (as "
+                f"{held['from']} declares in UNITS): two units apart along {symbol}, together, differ from "
+                f"each alone by {worst:.3g} of the output's size; a model-sized check cannot slice it")

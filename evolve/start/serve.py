@@ -78,11 +78,11 @@ def wants_serving(task_config) -> bool:
 
 def candidates() -> list[tuple[str, Path]]:
     """Every built-in seed that is a reference file with a kernel: (name, reference.py)."""
-    from seeds import builtin_seeds
-    from seeds._contract import BUILTIN_DIR
+    from seeds import builtin_seeds, load_seed
 
-    return [(name, BUILTIN_DIR / name / "reference.py") for name in builtin_seeds()
-            if (BUILTIN_DIR / name / "reference.py").is_file() and (BUILTIN_DIR / name / "kernel.py").is_file()]
+    found = [(name, load_seed(name).directory) for name in builtin_seeds()]
+    return [(name, d / "reference.py") for name, d in found
+            if (d / "reference.py").is_file() and (d / "kernel.py").is_file()]
 
 
 def serve(task_config, judging, progress=None) -> Served:
