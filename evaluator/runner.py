@@ -332,6 +332,10 @@ def main(request_path: str) -> int:
             facts |= _hbm_facts(compiled, None if req["mode"] == "reference" else programs["tpu"],
                                 req.get("timing_input"), names, specs)
             facts["trusted"] = req["mode"] == "reference"   # the task's own XLA program
+            if facts["trusted"]:      # the floor of any op the static profile leaves at 0 cycles
+                from evaluator.figure.xla_flops import op_flops
+
+                facts["op_flops"] = op_flops(compiled.as_text())
             reporter.send(event="stage_ok", stage=stage, data=facts)
             # A kernel's own DMAs (an operand left in HBM): counted on every input set (dmas.py).
             count = count or (req["mode"] != "reference" and facts.get("hbm_blind") and not req["on_tpu"]

@@ -157,9 +157,8 @@ class CompilerEstimate(TimingSource):
                             f"{len(counted.get('linear_checks', []))} linearity check(s))")
             else:
                 cycles, why = read_cycles(scratch / "llo", unestimated=unestimated)
-            if unestimated:
-                note = ("ops without a static estimate, counted by the program's HBM traffic only: "
-                        f"{', '.join(unestimated)}")
+            if unestimated and cycles is not None:
+                cycles, note = _unestimated_floor(cycles, unestimated, facts.get("op_flops") or {}, chip)
         if cycles is None:
             return Timing(None, error=why)
         if (why := unbalanced(counted)) is not None:
@@ -181,6 +180,23 @@ class CompilerEstimate(TimingSource):
         return Timing(total / chip.clock_hz, cycles=total, compute_cycles=cycles, hbm_cycles=hbm_cycles,
                       hbm_bytes=int(hbm_bytes), note=note,
                       chip_bytes=tuple(int(b) for b in facts.get("per_chip_kernel_bytes", ())))
+
+
+def _unestimated_floor(cycles: int, unestimated: list[str], op_flops: dict[str, int], chip: Chip) -> tuple[int, str]:
+    """The trusted program's figure with each op the profile gave 0 cycles counted at its matmul
+    work at the chip's peak (``xla_flops.py``), and the note naming them; an op without matmul
+    work is left to the program's HBM traffic (the floor the caller applies)."""
+    from evaluator.figure.xla_flops import floor_cycles
+
+    parts = []
+    for what in unestimated:
+        flops = op_flops.get(what.split("'")[1] if "'" in what else what, 0)
+        if flops:
+            cycles += floor_cycles(flops, chip.peak_flops, chip.clock_hz)
+            parts.append(f"{what} at its {flops:,} matmul FLOPs at peak")
+        else:
+            parts.append(f"{what} by the program's HBM traffic")
+    return cycles, "ops without a static estimate, counted at their floor: " + ", ".join(parts)
 
 
 NO_VMEM_MSA_FLAG = "--xla_vf_vmem_memory_space_assignment=false"
