@@ -40,10 +40,11 @@ class KernelModule:
     path: str
     source: str = dataclasses.field(repr=False)
     seed: str
+    prefix: str = PACKAGE       # the package the short name is relative to
 
     @property
     def name(self) -> str:
-        return f"{PACKAGE}.{self.short}"
+        return f"{self.prefix}.{self.short}"
 
     @property
     def package(self) -> str:
@@ -82,6 +83,14 @@ def kernel_modules() -> list[KernelModule]:
     return out
 
 
+def seed_modules(names: list[str]) -> list[KernelModule]:
+    """Our own seeds' kernels (``seeds/<name>/kernel.py``), each with its own seed's task: the
+    table of which operators reach the kernels we wrote for the JAXBench workloads (issue 58)."""
+    root = Path(__file__).resolve().parents[1] / "seeds"
+    return [KernelModule(f"{name}.kernel", str(root / name / "kernel.py"), (root / name / "kernel.py").read_text(),
+                         name, prefix="seeds") for name in names]
+
+
 def import_source(source: str, module: KernelModule) -> None:
     """Execute ``source`` as a real module standing in for ``module``: registered in sys.modules
     under a scratch name (dataclasses look their module up there), with the module's package as
@@ -89,7 +98,7 @@ def import_source(source: str, module: KernelModule) -> None:
     the PRNGs it registered (so the next scratch import of the same module may register them again)."""
     from jax._src.random import prng
 
-    scratch = f"_pallas_evolve_corpus_{module.short.replace('.', '_')}"
+    scratch = f"_pallas_evolve_corpus_{module.name.replace('.', '_')}"
     mod = type(sys)(scratch)
     mod.__file__ = module.path
     mod.__package__ = module.package

@@ -14,12 +14,13 @@ import random
 import pytest
 
 from mutations import all_operators
-from mutations.corpus import NAMED, Cell, KernelModule, format_corpus, import_source, kernel_modules
+from mutations.corpus import NAMED, Cell, KernelModule, format_corpus, import_source, kernel_modules, seed_modules
 from seeds import load_seed
 
 pytest.importorskip("jax.experimental.pallas.ops.tpu")
 
-MODULES = kernel_modules()
+# JAX's modules, then our own kernels for the JAXBench workloads (issue 58), each with its seed's task.
+MODULES = kernel_modules() + seed_modules(["retnet", "mamba2_ssd", "mla", "sparse_moe"])
 TASKS = {name: load_seed(name).default_task() for name in sorted({m.seed for m in MODULES})}
 
 
@@ -49,6 +50,15 @@ def test_every_operator_applies_and_imports_or_says_why_not(module: KernelModule
         except Exception as exc:  # noqa: BLE001 - the finding, named
             pytest.fail(f"{op.name} on {module.short} wrote a module that does not import: "
                         f"{type(exc).__name__}: {exc}")
+
+
+def test_a_seed_kernel_is_named_under_seeds_and_at_least_one_operator_reaches_each():
+    # the table of which operators reach our JAXBench kernels must not be empty for any of them
+    for module in seed_modules(["retnet", "mamba2_ssd", "mla", "sparse_moe"]):
+        assert module.name == f"seeds.{module.seed}.kernel" and module.path.endswith(f"seeds/{module.seed}/kernel.py")
+        task = TASKS[module.seed]
+        assert any(op.apply(module.source, task, random.Random(0)).status == "applied" for op in all_operators()), \
+            module.short
 
 
 def test_import_check_catches_a_module_that_does_not_import():
