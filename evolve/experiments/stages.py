@@ -17,6 +17,8 @@ from __future__ import annotations
 import pandas as pd
 
 STAGES = ("worker", "runner start", "lower", "compile", "correctness", "timing", "judge")
+# Time spent on anything but the kernel's own lowering, compile, check and timing (issue 59).
+OUTSIDE = ("worker", "runner start", "judge")
 
 
 def _col(df: pd.DataFrame, name: str) -> pd.Series:
@@ -49,6 +51,9 @@ def format_breakdown(df: pd.DataFrame, workers: int | None = None) -> str:
         per = seconds[name] / len(judged) if len(judged) else 0.0
         lines.append(f"| {name} | {seconds[name]:.1f} | {share:.0%} | {per:.1f} s |")
     lines.append(f"| all | {total:.1f} | 100% | {total / len(judged) if len(judged) else 0.0:.1f} s |")
+    outside = sum(seconds[name] for name in OUTSIDE)
+    lines.append(f"outside the runner's own stages ({' + '.join(OUTSIDE)}): "
+                 f"{outside / total if total else 0.0:.0%} of worker time")
     if len(judged) and "evaluated_at" in judged.columns:
         ends = pd.to_datetime(judged["evaluated_at"], utc=True)
         starts = ends - pd.to_timedelta(_col(judged, "wall_time_s"), unit="s")

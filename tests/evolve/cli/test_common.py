@@ -151,6 +151,8 @@ def test_status_table_is_unchanged_by_the_json_option(data, capsys):
     code, out, _ = evolve_in_process(["status", "r1", "--data-dir", str(data)], capsys)
     assert code == 0 and "best_speedup" in out and f"champion: {individual_id(CHAMPION)}" in out
     assert "2.000x the XLA reference, 500 estimated cycles" in out and "seed -> causal_skip -> block_sizes" in out
+    assert "kernels judged per minute" in out
+    assert "outside the runner's own stages (worker + runner start + judge): " in out
 
 
 def test_lineage_json_is_the_chain_of_edits_and_draws_nothing_unasked(data, capsys, monkeypatch, tmp_path):
