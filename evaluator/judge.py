@@ -47,7 +47,8 @@ _WARNED: set[str] = set()
 
 @dataclasses.dataclass(frozen=True)
 class StageBudgets:
-    """Wall-clock seconds per stage, enforced from outside the child."""
+    """CPU seconds per stage (the child and every process under it), enforced from outside the child;
+    a wall-clock backstop of sandbox.WALL_BACKSTOP times as long ends one that sleeps."""
 
     load_s: float = 60.0
     lower_s: float = 120.0

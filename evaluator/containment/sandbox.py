@@ -1,9 +1,15 @@
 """Run untrusted code in a child process: its own session, limits, bounded output, hard deadlines.
 
-The parent enforces every budget from outside: a stage that runs past its wall-clock budget is
-ended with SIGKILL to the child's whole process group (and to any descendant that left the group),
-which works even while the child is deep in native code (a Mosaic compile) where a signal
-handler of its own would never run.
+The parent enforces every budget from outside: a stage that runs past its budget is ended with
+SIGKILL to the child's whole process group (and to any descendant that left the group), which
+works even while the child is deep in native code (a Mosaic compile) where a signal handler of its
+own would never run.
+
+A budget is **CPU time**: the user and system seconds of the child and every process under it
+(threads included, and children they reaped), read from /proc. So a verdict does not depend on
+how busy the machine is: a compile that needs 200 CPU seconds gets them whether it shares the
+cores with two other jobs or not. A child that sleeps (a deadlock, a hang in native code) uses no
+CPU; it is ended by a wall-clock backstop of ``WALL_BACKSTOP`` times the budget.
 
 The child reports progress as JSON lines on a private pipe (its file descriptor is passed in the
 environment variable ``PALLAS_EVOLVE_PROTOCOL_FD``); its stdout and stderr are merged, read by a
@@ -24,6 +30,12 @@ import time
 from typing import Any
 
 PROTOCOL_FD_ENV = "PALLAS_EVOLVE_PROTOCOL_FD"
+# A stage's wall-clock backstop, in multiples of its CPU budget: room for a CPU-bound child that gets a
+# third of a core on a loaded machine, while a sleeping one is still ended.
+WALL_BACKSTOP = 3.0
+# How often the child's CPU time is read (it walks /proc; the exit itself is polled more often).
+_CPU_POLL_S = 0.25
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _MAX_PROTOCOL_BYTES = 4 << 20
 _PR_SET_PDEATHSIG = 1
 
@@ -86,6 +98,9 @@ class ChildOutcome:
     output: str
     output_dropped_bytes: int
     wall_time_s: float
+    # Of the timed-out stage: the CPU seconds it used, and whether the wall-clock backstop ended it.
+    timed_out_cpu_s: float | None = None
+    timed_out_by_wall: bool = False
 
     @property
     def signal(self) -> int | None:
@@ -127,6 +142,20 @@ def _descendants(root: int) -> set[int]:
                 found.add(child)
                 stack.append(child)
     return found
+
+
+def cpu_seconds(root: int) -> float:
+    """User and system CPU seconds of ``root`` and its live descendants, threads included, and of
+    the children they have reaped (their ``cutime``/``cstime``)."""
+    total = 0
+    for pid in (root, *_descendants(root)):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                fields = fh.read().decode(errors="replace").rsplit(")", 1)[1].split()
+            total += sum(int(x) for x in fields[11:15])     # utime, stime, cutime, cstime
+        except (OSError, ValueError, IndexError):
+            continue
+    return total / _TICKS
 
 
 def kill_tree(pid: int) -> None:
@@ -206,12 +235,14 @@ class _ProtocolReader(threading.Thread):
 def run_child(argv: list[str], *, cwd: str, env: dict[str, str], budgets: dict[str, float],
               default_budget: float, limits: Limits = Limits(), poll_s: float = 0.05,
               total_budget: float | None = None) -> ChildOutcome:
-    """Run ``argv`` sandboxed; each stage it announces gets ``budgets[stage]`` seconds.
+    """Run ``argv`` sandboxed; each stage it announces gets ``budgets[stage]`` CPU seconds (and
+    ``WALL_BACKSTOP`` times as many wall-clock seconds).
 
     The child announces a stage with a protocol line ``{"event": "stage", "stage": NAME}``;
     time before its first announcement counts against ``default_budget``. However it announces
-    stages, the child never gets more than ``total_budget`` seconds in all (by default the sum
-    of every budget): a child that keeps announcing new stages cannot run forever.
+    stages, the child never gets more than ``total_budget`` CPU seconds in all (by default the sum
+    of every budget; the backstop likewise): a child that keeps announcing new stages cannot run
+    forever.
     """
     if _SHUTTING_DOWN.is_set():
         raise Interrupted("shutting down")
@@ -232,21 +263,30 @@ def run_child(argv: list[str], *, cwd: str, env: dict[str, str], budgets: dict[s
     output.start()
     protocol.start()
 
-    stage, deadline, timed_out = None, start + default_budget, None
-    last_call = start + (total_budget if total_budget is not None
-                         else default_budget + sum(budgets.values()))
+    total = total_budget if total_budget is not None else default_budget + sum(budgets.values())
+    stage, budget, timed_out = None, default_budget, None
+    stage_wall = start
+    cpu = stage_cpu0 = 0.0
+    by_wall, next_read = False, start
     try:
         while proc.poll() is None:
+            now = time.monotonic()
+            if now >= next_read:
+                cpu, next_read = cpu_seconds(proc.pid), now + _CPU_POLL_S
             events = protocol.snapshot()
             starts = [e for e in events if e.get("event") == "stage"]
             if starts and starts[-1].get("stage") != stage:
                 stage = str(starts[-1].get("stage"))
-                deadline = time.monotonic() + budgets.get(stage, default_budget)
-            if time.monotonic() > min(deadline, last_call):
+                budget, stage_cpu0, stage_wall = budgets.get(stage, default_budget), cpu, now
+            over_cpu = cpu - stage_cpu0 > budget or cpu > total
+            by_wall = now - stage_wall > WALL_BACKSTOP * budget or now - start > WALL_BACKSTOP * total
+            if over_cpu or by_wall:
                 timed_out = stage or "start"
                 break
             time.sleep(poll_s)
     finally:
+        if timed_out is not None:
+            cpu = cpu_seconds(proc.pid)
         # Always: the whole group goes, leftovers of a fork included; also on Ctrl-C here.
         kill_tree(proc.pid)
         proc.wait()
@@ -258,7 +298,9 @@ def run_child(argv: list[str], *, cwd: str, env: dict[str, str], budgets: dict[s
         raise Interrupted("shutting down")
     return ChildOutcome(events=tuple(protocol.snapshot()), returncode=proc.returncode,
                         timed_out_stage=timed_out, output=output.text(),
-                        output_dropped_bytes=output.dropped, wall_time_s=time.monotonic() - start)
+                        output_dropped_bytes=output.dropped, wall_time_s=time.monotonic() - start,
+                        timed_out_cpu_s=None if timed_out is None else round(cpu - stage_cpu0, 1),
+                        timed_out_by_wall=timed_out is not None and by_wall and not over_cpu)
 
 
 class Reporter:

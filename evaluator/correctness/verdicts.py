@@ -16,7 +16,7 @@ import numpy as np
 from evaluator.correctness.compare import Comparison, compare
 from evaluator.correctness.ground_truth import GroundTruth
 from evaluator.result import Status
-from evaluator.containment.sandbox import ChildOutcome
+from evaluator.containment.sandbox import WALL_BACKSTOP, ChildOutcome
 from seeds import SeedTask
 
 # libtpu 0.0.42.1: "Static LLO profiling of <op> failed: INVALID_ARGUMENT: Unsupported DMA direction ..."
@@ -64,8 +64,13 @@ def failure(outcome: ChildOutcome, budgets: dict[str, float], default_budget: fl
     if outcome.timed_out_stage:
         stage = outcome.timed_out_stage
         budget = budgets.get(stage, default_budget)
-        return Status.TIMEOUT, stage, (f"stage '{stage}' ran past its budget of {budget:g} s "
-                                       "and the worker's process group was killed")
+        if outcome.timed_out_by_wall:
+            return Status.TIMEOUT, stage, (
+                f"stage '{stage}' ran {WALL_BACKSTOP:g}x its budget of {budget:g} CPU seconds in wall-clock time "
+                f"while using {outcome.timed_out_cpu_s or 0:g} CPU seconds (it waited, or slept) and the "
+                "worker's process group was killed")
+        return Status.TIMEOUT, stage, (f"stage '{stage}' used {outcome.timed_out_cpu_s or budget:g} CPU seconds, "
+                                       f"past its budget of {budget:g}, and the worker's process group was killed")
     errors = [e for e in outcome.events if e.get("event") == "error"]
     if errors:
         e = errors[0]

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import textwrap
 import time
 
 from evaluator.judge import Judge
 from evaluator.result import Status
-from evaluator.containment.sandbox import Limits, run_child
+from evaluator.containment.sandbox import WALL_BACKSTOP, Limits, cpu_seconds, run_child
 from tests.procs import alive
 
 PROTOCOL = textwrap.dedent("""
@@ -36,8 +37,8 @@ def test_a_hang_in_native_code_is_killed_from_outside_within_budget(tmp_path):
         stage("work")
         ctypes.CDLL(None).sleep(600)   # native code: no Python signal handler runs here
     """, budget=2.0)
-    assert out.timed_out_stage == "work"
-    assert time.monotonic() - start < 2.0 + 5.0
+    assert out.timed_out_stage == "work" and out.timed_out_by_wall     # it slept: the backstop ended it
+    assert time.monotonic() - start < WALL_BACKSTOP * 2.0 + 5.0
 
 
 def test_a_fork_leaves_no_process_behind(tmp_path):
@@ -139,4 +140,61 @@ def test_announcing_new_stages_forever_does_not_buy_more_time(tmp_path):
             time.sleep(0.5)
     """, budget=1.0)
     assert out.timed_out_stage is not None
-    assert time.monotonic() - start < 2 * 1.0 + 5.0   # default + the one named budget, in all
+    assert time.monotonic() - start < WALL_BACKSTOP * 2 * 1.0 + 5.0   # default + the one named budget, in all
+
+
+SPIN = """
+    import threading, time
+    def spin(seconds):
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+    stage("work")
+    threads = [threading.Thread(target=spin, args=(SECONDS / THREADS,)) for _ in range(THREADS)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+"""
+
+
+def spin(tmp_path, seconds: float, threads: int, budget: float):
+    return run_script(tmp_path, f"SECONDS, THREADS = {seconds}, {threads}\n" + textwrap.dedent(SPIN), budget=budget)
+
+
+def test_a_budget_is_cpu_time_of_every_thread_not_wall_time(tmp_path):
+    # 3 CPU seconds in two threads is past a budget of 2 CPU seconds, though it may take 1.5 s of wall time
+    out = spin(tmp_path, 3.0, 2, budget=2.0)
+    assert out.timed_out_stage == "work" and not out.timed_out_by_wall
+    assert 2.0 <= out.timed_out_cpu_s < 3.0
+    assert spin(tmp_path, 1.0, 2, budget=2.0).timed_out_stage is None
+
+
+def test_the_same_child_gets_the_same_verdict_beside_cpu_hogs(tmp_path):
+    # Two CPU-bound processes beside it (on the 2-core machine: it gets about a third of a core's share
+    # less): the CPU it needs is the same, so the verdict is, where a wall-clock budget would flip.
+    def verdicts():
+        return (spin(tmp_path, 1.5, 1, budget=2.5).timed_out_stage,
+                spin(tmp_path, 3.5, 1, budget=2.5).timed_out_stage)
+
+    alone = verdicts()
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        beside = verdicts()
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    assert alone == beside == (None, "work")
+
+
+def test_cpu_seconds_count_a_process_and_its_children():
+    child = subprocess.Popen([sys.executable, "-c", "import time\nend = time.process_time() + 0.5\n"
+                              "while time.process_time() < end: pass\ntime.sleep(30)"])
+    try:
+        deadline = time.monotonic() + 20
+        while cpu_seconds(child.pid) < 0.45 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert 0.45 <= cpu_seconds(child.pid) < 5.0
+        assert cpu_seconds(os.getpid()) >= cpu_seconds(child.pid)     # a process counts its descendants
+    finally:
+        child.kill()
+        child.wait()
