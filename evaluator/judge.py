@@ -18,6 +18,7 @@ one candidate per call; parallelism is the executor's (``evolve/executors/base.p
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import sys
@@ -232,7 +233,7 @@ class Judge:
 
         # 1. The jailed worker: trace once, ship the jaxpr as data.
         traced, program = self.children.trace(source, entry, task)
-        metrics = Metrics(sandbox_time_s=traced.wall_time_s)
+        metrics = Metrics(sandbox_time_s=traced.wall_time_s, worker_stage_seconds=json.dumps(traced.stage_seconds()))
         failed = self._failure(traced)
         if failed is None and program is None:
             failed = (Status.CRASH, "lower", "the worker finished without its traced program")
@@ -268,6 +269,7 @@ class Judge:
             metrics = dataclasses.replace(
                 metrics, vmem_bytes=compiled.get("vmem_bytes"), copy_trap=compiled.get("copy_trap"), chips=chips,
                 compile_time_s=compiled.get("compile_time_s"), runner_time_s=outcome.wall_time_s,
+                runner_stage_seconds=json.dumps(outcome.stage_seconds()),
                 lower_time_s=data.get("audit", {}).get("lower_time_s"),
                 constant_bytes=data.get("audit", {}).get("constant_bytes"),
                 constant_computed_bytes=data.get("audit", {}).get("constant_computed_bytes"),

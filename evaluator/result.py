@@ -66,6 +66,10 @@ class Metrics:
     correctness_time_s: float | None = None            # running the CPU program on every input set
     timing_time_s: float | None = None                 # timed runs on a TPU host
     runner_time_s: float | None = None                 # the trusted runner: lower, audit, compile, run
+    # Wall seconds per announced stage of each child, as JSON ({"start": before the first, "load": ...}):
+    # where a judgement's time went, stage by stage (evolve status; issue 59).
+    worker_stage_seconds: str | None = None
+    runner_stage_seconds: str | None = None
     # SHA-256 of the program the trusted runner lowered (evaluator/program/same.py): two kernels with one
     # hash are one kernel, judged once
     program_sha256: str | None = None

@@ -106,6 +106,17 @@ class ChildOutcome:
     def signal(self) -> int | None:
         return -self.returncode if self.returncode is not None and self.returncode < 0 else None
 
+    def stage_seconds(self) -> dict[str, float]:
+        """Wall seconds per stage, by when the parent heard each announced (``start``: before the
+        first; a stage announced twice sums): where a child's time went."""
+        marks = [(str(e["stage"]), float(e["_at"])) for e in self.events
+                 if e.get("event") == "stage" and "stage" in e and isinstance(e.get("_at"), float)]
+        out: dict[str, float] = {"start": marks[0][1] if marks else self.wall_time_s}
+        for (stage, at), (_, end) in zip(marks, [*marks[1:], ("", self.wall_time_s)], strict=True):
+            out[stage] = round(out.get(stage, 0.0) + max(end - at, 0.0), 3)
+        out["start"] = round(out["start"], 3)
+        return out
+
 
 def _set_limits(limits: Limits) -> None:
     """Runs in the child between fork and exec."""
@@ -206,9 +217,12 @@ class _BoundedReader(threading.Thread):
 
 
 class _ProtocolReader(threading.Thread):
-    def __init__(self, fd: int) -> None:
+    """Reads the child's JSON lines; each event gets ``_at``, the parent's seconds since ``start``
+    when it arrived (the child's own clock is never read)."""
+
+    def __init__(self, fd: int, start: float) -> None:
         super().__init__(daemon=True)
-        self.fd = fd
+        self.fd, self.t0 = fd, start
         self.events: list[dict[str, Any]] = []
         self.lock = threading.Lock()
 
@@ -224,6 +238,7 @@ class _ProtocolReader(threading.Thread):
                 except ValueError:
                     continue
                 if isinstance(event, dict):
+                    event["_at"] = time.monotonic() - self.t0
                     with self.lock:
                         self.events.append(event)
 
@@ -259,7 +274,7 @@ def run_child(argv: list[str], *, cwd: str, env: dict[str, str], budgets: dict[s
     with _LIVE_LOCK:
         _LIVE.add(proc.pid)
     output = _BoundedReader(proc.stdout, limits.max_output_bytes)
-    protocol = _ProtocolReader(read_fd)
+    protocol = _ProtocolReader(read_fd, start)
     output.start()
     protocol.start()
 

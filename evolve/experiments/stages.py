@@ -14,6 +14,8 @@ archive cost nothing here. Stages, per judged kernel:
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 
 STAGES = ("worker", "runner start", "lower", "compile", "correctness", "timing", "judge")
@@ -38,6 +40,27 @@ def stage_seconds(df: pd.DataFrame) -> dict[str, float]:
     return {k: float(v) for k, v in out.items()}
 
 
+def child_stages(df: pd.DataFrame, column: str) -> tuple[dict[str, float], int]:
+    """Seconds per stage a child announced (``start``: before its first), summed over the kernels
+    judged here that recorded them (``Metrics.worker_stage_seconds`` / ``runner_stage_seconds``),
+    and how many did."""
+    out: dict[str, float] = {}
+    if column not in df.columns:
+        return out, 0
+    if "from_archive" in df.columns:
+        df = df[~df["from_archive"].fillna(False).astype(bool)]
+    counted = 0
+    for text in df[column].dropna():
+        try:
+            stages = json.loads(text)
+        except (TypeError, ValueError):
+            continue
+        counted += 1
+        for name, seconds in stages.items():
+            out[name] = out.get(name, 0.0) + float(seconds)
+    return out, counted
+
+
 def format_breakdown(df: pd.DataFrame, workers: int | None = None) -> str:
     """A table of where the worker time went, with kernels judged per minute of run time and,
     given the run's number of workers, how busy they were while it judged."""
@@ -51,6 +74,11 @@ def format_breakdown(df: pd.DataFrame, workers: int | None = None) -> str:
         per = seconds[name] / len(judged) if len(judged) else 0.0
         lines.append(f"| {name} | {seconds[name]:.1f} | {share:.0%} | {per:.1f} s |")
     lines.append(f"| all | {total:.1f} | 100% | {total / len(judged) if len(judged) else 0.0:.1f} s |")
+    for child, column in (("worker", "worker_stage_seconds"), ("runner", "runner_stage_seconds")):
+        parts, counted = child_stages(df, column)
+        if parts and counted:
+            lines.append(f"the {child}'s stages, per kernel that recorded them ({counted}): "
+                         + ", ".join(f"{k} {v / counted:.1f} s" for k, v in parts.items()))
     outside = sum(seconds[name] for name in OUTSIDE)
     lines.append(f"outside the runner's own stages ({' + '.join(OUTSIDE)}): "
                  f"{outside / total if total else 0.0:.0%} of worker time")

@@ -9,6 +9,8 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 from evaluator.judge import Judge
 from evaluator.result import Status
 from evaluator.containment.sandbox import WALL_BACKSTOP, Limits, cpu_seconds, run_child
@@ -198,3 +200,19 @@ def test_cpu_seconds_count_a_process_and_its_children():
     finally:
         child.kill()
         child.wait()
+
+
+def test_stage_seconds_follow_the_announcements(tmp_path):
+    out = run_script(tmp_path, """
+        import time
+        time.sleep(0.3)
+        stage("a")
+        time.sleep(0.6)
+        stage("b")
+        time.sleep(0.3)
+        stage("a")
+    """, budget=20.0)
+    seconds = out.stage_seconds()
+    assert set(seconds) == {"start", "a", "b"}
+    assert seconds["start"] >= 0.3 and 0.25 <= seconds["b"] < 2.0 and 0.55 <= seconds["a"] < 2.0
+    assert sum(seconds.values()) == pytest.approx(out.wall_time_s, abs=0.01)
