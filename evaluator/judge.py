@@ -262,8 +262,11 @@ class Judge:
             if "same" in data and self._failure(outcome) is None:
                 again = self.same.again(task, chips, str(data["same"].get("program_sha256")), outcome.wall_time_s,
                                         prune_above_cycles if prune is not None else None)
-                if again is not None:
-                    return again
+                if again is not None:     # this judgement's own time, not the earlier one's
+                    return dataclasses.replace(again, metrics=dataclasses.replace(
+                        again.metrics, sandbox_time_s=metrics.sandbox_time_s,
+                        worker_stage_seconds=metrics.worker_stage_seconds,
+                        runner_stage_seconds=json.dumps(outcome.stage_seconds())))
             compiled = data.get("compile", {})
             findings = data.get("audit", {}).get("findings", [])
             metrics = dataclasses.replace(
