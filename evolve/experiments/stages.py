@@ -79,6 +79,11 @@ def format_breakdown(df: pd.DataFrame, workers: int | None = None) -> str:
         if parts and counted:
             lines.append(f"the {child}'s stages, per kernel that recorded them ({counted}): "
                          + ", ".join(f"{k} {v / counted:.1f} s" for k, v in parts.items()))
+    if "log_tail" in judged.columns and len(judged):
+        again = int(judged["log_tail"].fillna("").str.startswith("judged once").sum())
+        programs = judged["program_sha256"].dropna().nunique() if "program_sha256" in judged.columns else 0
+        lines.append(f"same program: {again} of {len(judged)} judged kernels lowered to a program judged before "
+                     f"(its verdict given again, no compile); {programs} distinct programs")
     outside = sum(seconds[name] for name in OUTSIDE)
     lines.append(f"outside the runner's own stages ({' + '.join(OUTSIDE)}): "
                  f"{outside / total if total else 0.0:.0%} of worker time")

@@ -17,6 +17,8 @@ def rows() -> pd.DataFrame:
         "status": ["PASS", "FAIL_VMEM", "PASS"],
         "runner_stage_seconds": [json.dumps({"start": 2.0, "load": 1.0, "compile": 4.0}), None,
                                  json.dumps({"start": 50.0})],
+        "log_tail": ["", "judged once: this kernel lowers to the same program as one judged before", None],
+        "program_sha256": ["a", "a", "b"],
         "evaluated_at": pd.to_datetime(["2026-01-01T00:00:14Z", "2026-01-01T00:00:30Z", "2026-01-01T00:00:40Z"])})
 
 
@@ -38,3 +40,4 @@ def test_the_table_says_kernels_per_minute_the_share_outside_the_runner_and_the_
     outside = (6.0 + 13.0 + 2.0) / (6.0 + 13.0 + 9.0 + 2.0)
     assert f"outside the runner's own stages (worker + runner start + judge): {outside:.0%} of worker time" in text
     assert "run time judging: 0.5 min; 4.00 kernels judged per minute" in text
+    assert "same program: 1 of 2 judged kernels lowered to a program judged before" in text and "1 distinct" in text
