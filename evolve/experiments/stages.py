@@ -6,10 +6,16 @@ archive cost nothing here. Stages, per judged kernel:
 * ``worker``: the jailed worker, start-up, loading the candidate and tracing it once;
 * ``runner start``: the trusted runner's own start-up (imports, reading the program);
 * ``lower``: the runner lowering the jaxpr for the TPU and the CPU interpreter, and the audit;
-* ``compile``: the TPU compiler with the estimate (or for the chip);
+* ``compile``: the TPU compiler with the estimate (or for the chip), a compile that fails included;
+* ``counting``: loops, branches and DMAs on data counted, and their variants compiled (``trips``,
+  ``traffic``);
 * ``correctness``: the CPU program (or the chip) on every input set;
 * ``timing``: timed runs on a TPU host;
 * ``judge``: what is left of the kernel's wall time (screen, inputs, comparison, archive).
+
+A kernel judged since the runner's stages are timed as announced (``runner_stage_seconds``) is
+split by them. An older row has only the stages' own timers, and its ``runner start`` is what they
+leave of the runner's time: a compile that failed, or the counting stages, fell there.
 """
 
 from __future__ import annotations
@@ -18,7 +24,11 @@ import json
 
 import pandas as pd
 
-STAGES = ("worker", "runner start", "lower", "compile", "correctness", "timing", "judge")
+STAGES = ("worker", "runner start", "lower", "compile", "counting", "correctness", "timing", "judge")
+# The runner's announced stages (evaluator/runner.py), by the row of the table they count in.
+RUNNER_ROWS = {"start": "runner start", "load": "runner start", "lower": "lower", "audit": "lower",
+               "same": "lower", "compile": "compile", "prune": "compile", "trips": "counting",
+               "traffic": "counting", "correctness": "correctness", "timing": "timing"}
 # Time spent on anything but the kernel's own lowering, compile, check and timing (issue 59).
 OUTSIDE = ("worker", "runner start", "judge")
 
@@ -32,12 +42,33 @@ def stage_seconds(df: pd.DataFrame) -> dict[str, float]:
     if "from_archive" in df.columns:
         df = df[~df["from_archive"].fillna(False).astype(bool)]
     worker, runner = _col(df, "sandbox_time_s"), _col(df, "runner_time_s")
-    parts = {name: _col(df, f"{name}_time_s") for name in ("lower", "compile", "correctness", "timing")}
-    out = {"worker": worker.sum(),
-           "runner start": (runner - sum(parts.values())).clip(lower=0).sum(),
-           **{name: s.sum() for name, s in parts.items()},
-           "judge": (_col(df, "wall_time_s") - worker - runner).clip(lower=0).sum()}
-    return {k: float(v) for k, v in out.items()}
+    out = dict.fromkeys(STAGES, 0.0)
+    out["worker"] = float(worker.sum())
+    out["judge"] = float((_col(df, "wall_time_s") - worker - runner).clip(lower=0).sum())
+    announced = df["runner_stage_seconds"] if "runner_stage_seconds" in df.columns else pd.Series(None, index=df.index)
+    for i, text in announced.items():
+        stages = _parsed(text)
+        if stages is not None:
+            for name, seconds in stages.items():
+                row = RUNNER_ROWS.get(name, "runner start")
+                out[row] += float(seconds)
+            continue
+        parts = {name: float(_col(df.loc[[i]], f"{name}_time_s").iloc[0])
+                 for name in ("lower", "compile", "correctness", "timing")}
+        for name, seconds in parts.items():
+            out[name] += seconds
+        out["runner start"] += max(float(runner.loc[i]) - sum(parts.values()), 0.0)
+    return out
+
+
+def _parsed(text) -> dict[str, float] | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        stages = json.loads(text)
+    except ValueError:
+        return None
+    return stages if isinstance(stages, dict) else None
 
 
 def child_stages(df: pd.DataFrame, column: str) -> tuple[dict[str, float], int]:
@@ -51,9 +82,8 @@ def child_stages(df: pd.DataFrame, column: str) -> tuple[dict[str, float], int]:
         df = df[~df["from_archive"].fillna(False).astype(bool)]
     counted = 0
     for text in df[column].dropna():
-        try:
-            stages = json.loads(text)
-        except (TypeError, ValueError):
+        stages = _parsed(text)
+        if stages is None:
             continue
         counted += 1
         for name, seconds in stages.items():

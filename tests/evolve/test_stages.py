@@ -22,9 +22,12 @@ def rows() -> pd.DataFrame:
         "evaluated_at": pd.to_datetime(["2026-01-01T00:00:14Z", "2026-01-01T00:00:30Z", "2026-01-01T00:00:40Z"])})
 
 
-def test_only_kernels_judged_here_count_and_runner_start_is_what_its_stages_leave():
+def test_only_kernels_judged_here_count_split_by_the_runners_announced_stages_where_recorded():
     seconds = stage_seconds(rows())
-    assert seconds["worker"] == 6.0 and seconds["compile"] == 9.0 and seconds["runner start"] == 13.0
+    # row 0 by its announced stages (start + load: runner start); row 1, older, by its timers, and
+    # what they leave of its runner's 12 s is its runner start
+    assert seconds["worker"] == 6.0 and seconds["compile"] == 4.0 + 5.0
+    assert seconds["runner start"] == (2.0 + 1.0) + (12.0 - 5.0) and seconds["counting"] == 0.0
     assert seconds["judge"] == (14 - 3 - 10) + (16 - 3 - 12)
 
 
@@ -37,7 +40,7 @@ def test_the_table_says_kernels_per_minute_the_share_outside_the_runner_and_the_
     text = format_breakdown(rows(), workers=1)
     assert "2 kernels judged, 1 read back from the archive" in text
     assert "the runner's stages, per kernel that recorded them (1): start 2.0 s, load 1.0 s, compile 4.0 s" in text
-    outside = (6.0 + 13.0 + 2.0) / (6.0 + 13.0 + 9.0 + 2.0)
+    outside = (6.0 + 10.0 + 2.0) / (6.0 + 10.0 + 9.0 + 2.0)
     assert f"outside the runner's own stages (worker + runner start + judge): {outside:.0%} of worker time" in text
     assert "run time judging: 0.5 min; 4.00 kernels judged per minute" in text
     assert "same program: 1 of 2 judged kernels lowered to a program judged before" in text and "1 distinct" in text
