@@ -51,11 +51,13 @@ class StageBudgets:
     """CPU seconds per stage (the child and every process under it), enforced from outside the child;
     a wall-clock backstop of sandbox.WALL_BACKSTOP times as long ends one that sleeps."""
 
+    # CPU seconds count every thread: a compile or an interpreted check spreads over the cores, so the
+    # stages that do are given twice the seconds they had when budgets read the clock.
     load_s: float = 60.0
     lower_s: float = 120.0
-    compile_s: float = 300.0
-    correctness_s: float = 600.0
-    trips_s: float = 300.0            # compiling the variants of a kernel whose work depends on data
+    compile_s: float = 600.0
+    correctness_s: float = 1200.0
+    trips_s: float = 600.0            # compiling the variants of a kernel whose work depends on data
     timing_s: float = 300.0
 
     def as_dict(self) -> dict[str, float]:
