@@ -24,4 +24,9 @@ def workload(queries, keys, values):
     weights = jnp.where(i >= j, decay_rate[:, None, None] ** gap, 0.0)            # (heads, t, t)
     scores = jnp.einsum("bhid,bhjd->bhij", queries, keys, preferred_element_type=jnp.float32) * weights
     scores = scores / jnp.clip(jnp.abs(scores).sum(-1, keepdims=True), 1.0, None)
-    return jnp.einsum("bhij,bhjd->bhid", scores.astype(jnp.bfloat16), values)
+    # Cast to the inputs' dtype, as JAXBench's program does: the judge's f32 truth then keeps the
+    # scores unrounded. A file that casts to jnp.bfloat16 by name holds every kernel to that
+    # rounding of the normalised scores, which a kernel that normalises at each row's end (the
+    # retnet seed) cannot make: it misses the precision rule there (mean error 2.9e-4 against the
+    # XLA program's 1.8e-4, issue 58).
+    return jnp.einsum("bhij,bhjd->bhid", scores.astype(queries.dtype), values)
