@@ -39,13 +39,14 @@ class Refused(Exception):
     """The audit found a construct the judge cannot time or trust."""
 
 
-def _hlo_facts(hlo_text: str) -> dict:
-    vmem = 0
-    for configs in _VMEM_RE.findall(hlo_text):
-        vmem += sum(int(size) for size in _SIZE_RE.findall(configs))
+def _hlo_facts(hlo_text: str, trusted: bool = False) -> dict:
+    """What the compiled HLO says (of the task's own XLA program, also each op's matmul FLOPs)."""
+    from evaluator.figure.xla_flops import op_flops
+
+    vmem = sum(int(size) for configs in _VMEM_RE.findall(hlo_text) for size in _SIZE_RE.findall(configs))
     return {"vmem_bytes": vmem if _VMEM_RE.search(hlo_text) else None,
             "copy_trap": bool(_COPY_RE.search(hlo_text)),
-            "custom_calls": hlo_text.count("tpu_custom_call")}
+            "custom_calls": hlo_text.count("tpu_custom_call")} | ({"op_flops": op_flops(hlo_text)} if trusted else {})
 
 
 def _kernel_traffic(exported, inputs: str | None, names: list, specs: list, grid_bounds=None, prefetch=None):
@@ -316,8 +317,7 @@ def main(request_path: str) -> int:
             hlo = compiled.as_text()
             with open(f"{req['out_dir']}/hlo.txt", "w") as fh:    # what the ICI model reads
                 fh.write(hlo)
-            facts = _hlo_facts(hlo) | {"compile_time_s": time.perf_counter() - t0, "trusted": False,
-                                       "chips": chips}
+            facts = _hlo_facts(hlo) | {"compile_time_s": time.perf_counter() - t0, "trusted": False, "chips": chips}
             facts |= _mesh_hbm_facts(compiled, closed, programs["tpu"], task, req, chip_specs)
             reporter.send(event="stage_ok", stage=stage, data=facts)
         elif req.get("compile", True):   # the reference's figure may come from the judge's cache
@@ -327,15 +327,11 @@ def main(request_path: str) -> int:
             args = [jax.ShapeDtypeStruct(s, d, sharding=SingleDeviceSharding(device)) for s, d in specs]
             t0 = time.perf_counter()
             compiled = jax.jit(tpu_fn).lower(*args).compile()
-            facts = _hlo_facts(compiled.as_text())
+            facts = _hlo_facts(compiled.as_text(), trusted=req["mode"] == "reference")
             facts["compile_time_s"] = time.perf_counter() - t0
             facts |= _hbm_facts(compiled, None if req["mode"] == "reference" else programs["tpu"],
                                 req.get("timing_input"), names, specs)
             facts["trusted"] = req["mode"] == "reference"   # the task's own XLA program
-            if facts["trusted"]:      # the floor of any op the static profile leaves at 0 cycles
-                from evaluator.figure.xla_flops import op_flops
-
-                facts["op_flops"] = op_flops(compiled.as_text())
             reporter.send(event="stage_ok", stage=stage, data=facts)
             # A kernel's own DMAs (an operand left in HBM): counted on every input set (dmas.py).
             count = count or (req["mode"] != "reference" and facts.get("hbm_blind") and not req["on_tpu"]
