@@ -14,6 +14,7 @@
     RAGGED = {"group_sizes": ("lhs", 0)}   # optional: sizes drawn to add up to lhs's dimension 0
     def flops(*inputs): ...         # optional: the work, where XLA's count is wrong (ragged_dot: all groups)
     SMALL = "M=128,K=256,N=256"     # optional: the shape tests run it at
+    CHIP = "v6e"                    # optional: the chip its tasks are judged for by default (v5e)
 
 ``create_inputs`` may take integer keywords (``def create_inputs(M=4096, K=4096, N=4096)``): they
 are the task's ``--shape`` grammar (``--shape M=8,N=14336``), their defaults its default problem.
@@ -403,13 +404,14 @@ def reference_seed(path: str | Path) -> ReferenceSeed:
     return ReferenceSeed(reference_name(path), path.resolve().parent, _task_class(path), path.resolve())
 
 
-_CLASSES: dict[tuple[str | None, str | None], type[Task]] = {}
+_CLASSES: dict[tuple[str | None, str | None, str | None], type[Task]] = {}
 
 
 def _task_class(path: Path) -> type[Task]:
-    """``Task``, or for a file that names the shape its tests run it at (``SMALL = "M=128"``) or the
-    timing source its task needs (``TIMING = "compiler_estimate_no_vmem_msa"``), both read without
-    running it, a subclass saying so (``SeedTask.test_tasks``, ``SeedTask.timing``)."""
+    """``Task``, or for a file that names the shape its tests run it at (``SMALL = "M=128"``), the
+    timing source its task needs (``TIMING = "compiler_estimate_no_vmem_msa"``) or the chip it is
+    judged for by default (``CHIP = "v6e"``), all read without running it, a subclass saying so
+    (``SeedTask.test_tasks``, ``SeedTask.timing``, ``SeedTask.default_chip``)."""
     try:
         tree = ast.parse(path.read_text())
     except (OSError, SyntaxError, UnicodeDecodeError):
@@ -420,15 +422,17 @@ def _task_class(path: Path) -> type[Task]:
                      and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
                      and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)), None)
 
-    small, timing = constant("SMALL"), constant("TIMING")
-    if small is None and timing is None:
+    key = small, timing, chip = constant("SMALL"), constant("TIMING"), constant("CHIP")
+    if key == (None, None, None):
         return Task
-    if (small, timing) not in _CLASSES:
+    if key not in _CLASSES:
         attrs = {"__module__": __name__, "__qualname__": "Task", "timing": timing}
         if small is not None:
             attrs["test_tasks"] = {"small": (small, {})}
-        _CLASSES[(small, timing)] = type("Task", (Task,), attrs)
-    return _CLASSES[(small, timing)]
+        if chip is not None:
+            attrs["default_chip"] = chip
+        _CLASSES[key] = type("Task", (Task,), attrs)
+    return _CLASSES[key]
 
 
 def reference_name(path: str | Path) -> str:

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 SMALL = "B=1,H=1,S=2048,D=64"     # the shape the tests run it at (S past BLOCK_K: both loops run)
+CHIP = "v6e"     # the JAXBench workloads are Autocomp's v6e figures
 SIGNATURE = "q: bf16[B,H,S,D], k: bf16[B,H,S,D], v: bf16[B,H,S,D] -> bf16[B,H,S,D]"
 UNITS = "B"     # batch rows are independent (not heads: the decay depends on the head's index)
 

@@ -32,7 +32,7 @@ SMALL = {causal: AttentionTask(batch=1, heads=2, seq_len=256, head_dim=128, caus
 # Not yet the JAXBench seeds of issue 58 (open): random operator sequences crash libtpu's compile on
 # them (mamba2_ssd at SMALL with vmem_limit 24 MiB: SIGSEGV during 'compile'), a known gap of
 # those kernels (they hold a whole sequence in VMEM), listed in the issue's note as left to do.
-NOT_YET = {"retnet", "mamba2_ssd", "mla", "sparse_moe"}
+NOT_YET = {"mla", "sparse_moe"}
 PROPERTY_CASES = [pytest.param(c, id=c.id) for c in seed_cases()
                   if c.builtin and c.label != "default" and c.id.rsplit("-", 1)[0] not in NOT_YET]
 

@@ -296,3 +296,19 @@ def test_a_run_whose_moves_run_out_says_so(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert "judged 2 of the budget's 16 kernels: for the rest the operators offered none" in r.stdout
     assert "only in its VMEM limit" in r.stdout
+
+
+def test_a_reference_file_names_its_default_chip_and_shape_without_running(tmp_path):
+    """``CHIP`` and ``SMALL`` are read from the file's text (seeds/reference.py ``_task_class``):
+    the JAXBench seeds are judged for the v6e Autocomp measured on; a file naming neither is v5e's."""
+    from seeds import load_seed
+    from seeds.reference import reference_seed
+
+    assert load_seed("retnet").task_class.default_chip == "v6e"
+    assert load_seed("matmul").task_class.default_chip == "v5e"
+    own = tmp_path / "own.py"
+    own.write_text('CHIP = "v6e"\nSMALL = "N=8"\nimport jax.numpy as jnp\n\n'
+                   'def create_inputs(N=64):\n    return (jnp.ones((N,), jnp.float32),)\n\n'
+                   'def workload(x):\n    return x * 2\n')
+    task_class = reference_seed(own).task_class
+    assert task_class.default_chip == "v6e" and task_class.test_tasks == {"small": ("N=8", {})}

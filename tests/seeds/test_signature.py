@@ -42,3 +42,13 @@ def test_a_mamba_file_written_apart_from_the_seed_is_served_by_it_in_its_own_ord
     assert r.returncode == 0, r.stderr[-3000:]
     assert "mamba2_ssd: PASS (c=C, b=B, x=x, a_log=A_log)" in r.stderr and "taken" in r.stderr
     assert '"status": "PASS"' in r.stdout and '"entry": "ssd"' in r.stdout
+
+
+def test_a_retnet_file_written_apart_from_the_seed_is_served_by_it():
+    """examples/jaxbench/retnet_retention.py: other names (queries, keys, values) and other
+    expressions than seeds/retnet/reference.py; the seed's kernel passes on it."""
+    r = evolve("eval", "--reference", "examples/jaxbench/retnet_retention.py", "--shape",
+               "batch=1,tokens=2048,heads=1,head_size=64", "--chip", "v6e", "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "retnet: PASS (q=queries, k=keys, v=values)" in r.stderr and "taken" in r.stderr
+    assert '"status": "PASS"' in r.stdout and '"entry": "retention"' in r.stdout
