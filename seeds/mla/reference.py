@@ -12,7 +12,6 @@ import jax.numpy as jnp
 import numpy as np
 
 SMALL = "B=1,S=128,E=256,H=4,QL=128,KVL=128,NOPE=64,ROPE=64,VD=64"     # the shape the tests run it at
-CHIP = "v6e"     # the JAXBench workloads are Autocomp's v6e figures
 SIGNATURE = ("x: bf16[B,S,E], q_down_proj: bf16[E,Q], q_up_proj: bf16[Q,HQ], kv_down_proj: bf16[E,CR], "
              "k_up_proj: bf16[C,HN], v_up_proj: bf16[C,HV], o_proj: bf16[HV,E] -> bf16[B,S,E]")
 UNITS = "B"     # batch rows are independent (seeds/units.py: model-sized checks)

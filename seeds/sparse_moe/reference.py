@@ -13,7 +13,6 @@ import jax.numpy as jnp
 import numpy as np
 
 SMALL = "B=1,S=64,D=256,F=512,E=8"     # the shape the tests run it at
-CHIP = "v6e"     # the JAXBench workloads are Autocomp's v6e figures
 SIGNATURE = ("x: bf16[B,S,D], router_weights: bf16[D,E], expert_gate_kernels: bf16[E,D,F], "
              "expert_up_kernels: bf16[E,D,F], expert_down_kernels: bf16[E,F,D] -> f32[B,S,D]")
 UNITS = "B,S"   # every token is routed and computed alone (seeds/units.py: model-sized checks)
