@@ -34,21 +34,19 @@ def test_eval_of_a_reference_alone_judges_the_seed_that_fits_in_the_order_that_p
     assert '"status": "PASS"' in r.stdout and '"entry": "matmul"' in r.stdout
 
 
-def test_a_mamba_file_written_apart_from_the_seed_is_served_by_it_in_its_own_order():
-    """examples/jaxbench/mamba2_ssd.py: other names (A_log, x, B, C), another order and other
-    expressions than seeds/mamba2_ssd/reference.py; the seed's kernel passes on it."""
-    r = evolve("eval", "--reference", "examples/jaxbench/mamba2_ssd.py", "--shape",
-               "batch=1,tokens=2048,heads=1,state=128,head=64", "--chip", "v6e", "--json")
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "mamba2_ssd: PASS (c=C, b=B, x=x, a_log=A_log)" in r.stderr and "taken" in r.stderr
-    assert '"status": "PASS"' in r.stdout and '"entry": "ssd"' in r.stdout
+# Files under examples/jaxbench/ written apart from the seeds' own references (other names, order
+# and expressions): each is served by its seed's kernel, which passes on it.
+WRITTEN_APART = [
+    ("examples/jaxbench/mamba2_ssd.py", "batch=1,tokens=2048,heads=1,state=128,head=64",
+     "mamba2_ssd: PASS (c=C, b=B, x=x, a_log=A_log)", "ssd"),
+    ("examples/jaxbench/retnet_retention.py", "batch=1,tokens=2048,heads=1,head_size=64",
+     "retnet: PASS (q=queries, k=keys, v=values)", "retention"),
+]
 
 
-def test_a_retnet_file_written_apart_from_the_seed_is_served_by_it():
-    """examples/jaxbench/retnet_retention.py: other names (queries, keys, values) and other
-    expressions than seeds/retnet/reference.py; the seed's kernel passes on it."""
-    r = evolve("eval", "--reference", "examples/jaxbench/retnet_retention.py", "--shape",
-               "batch=1,tokens=2048,heads=1,head_size=64", "--chip", "v6e", "--json")
+@pytest.mark.parametrize("path, shape, served, entry", WRITTEN_APART, ids=["mamba2_ssd", "retnet"])
+def test_a_file_written_apart_from_the_seed_is_served_by_it_in_its_own_order(path, shape, served, entry):
+    r = evolve("eval", "--reference", path, "--shape", shape, "--chip", "v6e", "--json")
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "retnet: PASS (q=queries, k=keys, v=values)" in r.stderr and "taken" in r.stderr
-    assert '"status": "PASS"' in r.stdout and '"entry": "retention"' in r.stdout
+    assert served in r.stderr and "taken" in r.stderr
+    assert '"status": "PASS"' in r.stdout and f'"entry": "{entry}"' in r.stdout
