@@ -27,7 +27,9 @@ the dtype on the one before: 16 for bf16, 32 for int8), or the whole dimension. 
 tiles several dimensions takes the values legal on all of them; one the wrapper recomputes
 (``while M % bm: bm //= 2``, ``min(bm, M)``) takes only the values that leave it as set, since the
 others are undone. A ``TUNE = {"name": [values]}`` dict at module level declares a tunable's values
-itself (as Kernel Tuner users do): it wins over discovery.
+itself (as Kernel Tuner users do): it wins over discovery, and a module-level integer constant it
+names is a tunable even where no block shape reads it (a chunk length the kernel walks inside a
+block, Mamba-2's ``CHUNK``).
 
 What is not followed is said (:func:`unfollowed`): each block element that does not come to a
 literal, by its ``BlockSpec`` and why (a whole dimension of an input, a call discovery does not
@@ -236,6 +238,10 @@ def _analyse(module: cst.Module, entry: str | None, specs: tuple, out: tuple | N
             left += [Left(spec, g["text"], why) for spec in g["specs"]]
         if tunable is not None:
             found[tunable.name] = tunable
+    for name, values in declared.items():       # a declared constant no block shape reads
+        node = tables.constants.get(name)
+        if name not in found and isinstance(node, cst.Integer):
+            found[name] = Tunable(name, int(node.evaluated_value), (node,), tuple(sorted(set(values))), True)
     return Analysis(found, tuple(left))
 
 

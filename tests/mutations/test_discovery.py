@@ -193,6 +193,17 @@ def test_a_declared_space_wins_over_discovery():
     assert found["block_n"].legal == (256, 768)
 
 
+def test_a_declared_constant_that_no_block_shape_reads_is_a_tunable_that_block_sizes_moves():
+    # Mamba-2's CHUNK: the tokens a kernel walks inside its block, named in TUNE
+    source = HEADER + 'CHUNK = 256\nTUNE = {"CHUNK": [128, 256, 512], "ABSENT": [1, 2]}\n' + \
+        textwrap.dedent(STYLES["keyword defaults, through a wrapper"])
+    found = discover(parse(source), Matmul())
+    assert found["CHUNK"].legal == (128, 256, 512) and found["CHUNK"].declared and found["CHUNK"].value == 256
+    assert "ABSENT" not in found and "block_m" in found        # a name with no constant is not one
+    moved = get_operator("block_sizes").apply_params(source, Matmul(), {"shape": {"CHUNK": 512}})
+    assert moved.status == "applied" and "CHUNK = 512\n" in moved.source
+
+
 def test_no_tunable_where_nothing_flows_into_a_block_shape():
     source = HEADER + textwrap.dedent(f"""
     def matmul(x, w):
