@@ -272,8 +272,10 @@ def load_config(path: str | None, overrides: dict[str, dict[str, Any]]) -> RunCo
         merged.update({k: v for k, v in values.items() if v is not None})
         data[section] = merged
     judge = data.get("judge")
-    if isinstance(judge, dict) and "chip" not in judge and isinstance(data.get("task"), dict):
-        # No chip named: the seed's own (what its kernels can be timed on).
+    if isinstance(judge, dict) and not {"chip", "memory_gib"} <= set(judge) and isinstance(data.get("task"), dict):
+        # No chip (memory) named: the seed's own (what its kernels can be timed on, and in).
         seed = TaskConfig(**{k: v for k, v in data["task"].items() if k == "seed"}).load_seed()
-        judge["chip"] = seed.task_class.default_chip
+        judge.setdefault("chip", seed.task_class.default_chip)
+        if seed.task_class.default_memory_gib:
+            judge.setdefault("memory_gib", seed.task_class.default_memory_gib)
     return RunConfig.from_dict(data)

@@ -97,6 +97,10 @@ class SeedTask:
     # default, auto): a task whose XLA program has a figure only under one names it (a reference
     # file says ``TIMING = "..."``).
     timing: ClassVar[str | None] = None
+    # The address space (GiB) each judged child gets when no --memory is given (0: the judge's
+    # default, 12): a task whose model shape libtpu's profile needs more for names it (a reference
+    # file says ``MEMORY = 16``). An upper bound, not a reservation: small shapes use what they use.
+    default_memory_gib: ClassVar[int] = 0
     distributions: ClassVar[tuple[str, ...]] = ("normal",)
     # Input sets every candidate is checked on: (distribution, PRNG seed).
     correctness_inputs: ClassVar[tuple[tuple[str, int], ...]] = (("normal", 0),)

@@ -411,19 +411,20 @@ def _task_class(path: Path) -> type[Task]:
     """``Task``, or for a file that names the shape its tests run it at (``SMALL = "M=128"``), the
     timing source its task needs (``TIMING = "compiler_estimate_no_vmem_msa"``) or the chip it is
     judged for by default (``CHIP = "v6e"``), all read without running it, a subclass saying so
-    (``SeedTask.test_tasks``, ``SeedTask.timing``, ``SeedTask.default_chip``)."""
+    (``SeedTask.test_tasks``, ``SeedTask.timing``, ``SeedTask.default_chip``); ``MEMORY = 16``, the
+    GiB its judged children get by default (``SeedTask.default_memory_gib``)."""
     try:
         tree = ast.parse(path.read_text())
     except (OSError, SyntaxError, UnicodeDecodeError):
         return Task
 
-    def constant(name: str) -> str | None:
+    def constant(name: str, kind: type = str):
         return next((node.value.value for node in tree.body if isinstance(node, ast.Assign)
                      and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
-                     and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)), None)
+                     and isinstance(node.value, ast.Constant) and type(node.value.value) is kind), None)
 
-    key = small, timing, chip = constant("SMALL"), constant("TIMING"), constant("CHIP")
-    if key == (None, None, None):
+    key = small, timing, chip, memory = constant("SMALL"), constant("TIMING"), constant("CHIP"), constant("MEMORY", int)
+    if key == (None, None, None, None):
         return Task
     if key not in _CLASSES:
         attrs = {"__module__": __name__, "__qualname__": "Task", "timing": timing}
@@ -431,6 +432,8 @@ def _task_class(path: Path) -> type[Task]:
             attrs["test_tasks"] = {"small": (small, {})}
         if chip is not None:
             attrs["default_chip"] = chip
+        if memory is not None:
+            attrs["default_memory_gib"] = memory
         _CLASSES[key] = type("Task", (Task,), attrs)
     return _CLASSES[key]
 

@@ -120,8 +120,9 @@ def timing_parser() -> argparse.ArgumentParser:
                         help="auto (the default: measured on a TPU host, else compiler_estimate; a seed whose "
                              "task needs its own source names it, e.g. grouped_matmul) or a timing source")
     parser.add_argument("--memory", type=int, default=None, metavar="GIB",
-                        help="address space of each judged child in GiB (default 12); a real shape's compile "
-                             "may need more (an 8192-cube matmul's profile peaks at 13 GB)")
+                        help="address space of each judged child in GiB (default: the seed's own, a reference "
+                             "file's MEMORY, else 12); a real shape's compile may need more (an 8192-cube "
+                             "matmul's profile peaks at 13 GB)")
     return parser
 
 

@@ -32,7 +32,9 @@ def task_from_args(args: argparse.Namespace, default_seed: str = "flash_attentio
     config = TaskConfig(seed=args.seed, shape=args.shape, causal=args.causal, dtype=args.dtype, chips=args.chips,
                         start=getattr(args, "start", None), reference=reference, entry=getattr(args, "entry", None),
                         order=getattr(args, "order", None))
-    args.chip = args.chip or config.load_seed().task_class.default_chip
+    task_class = config.load_seed().task_class
+    args.chip = args.chip or task_class.default_chip
+    args.memory = getattr(args, "memory", None) or task_class.default_memory_gib or None
     if args.chip not in CHIPS:
         raise UsageError(f"unknown chip {args.chip!r}; use --chip with one of: {', '.join(CHIPS)}")
     if reference and path:
@@ -224,7 +226,9 @@ def _serve(args: argparse.Namespace, judge_for) -> None:
     if args.estimate_only:
         raise UsageError("--estimate-only gives no verdict, and serving a reference file takes the seed whose "
                          "kernel passes on it; drop --estimate-only, or name the kernel with --start")
-    args.chip = args.chip or config.load_seed().task_class.default_chip
+    task_class = config.load_seed().task_class
+    args.chip = args.chip or task_class.default_chip
+    args.memory = args.memory or task_class.default_memory_gib or None
     found = serve(config, lambda task: lambda source: judge_for().evaluate(source, task),
                   progress=lambda line: print(line, file=sys.stderr, flush=True))
     chosen = served_config(config, found)

@@ -57,13 +57,15 @@ class SuiteTask:
         return TaskConfig(seed=self.seed, shape=self.shape, start=self.start)
 
     def judge_settings(self, base: JudgeSettings) -> JudgeSettings:
-        """The suite's judge settings for this task: its chip, no peers judged by the run, and the
-        timing source: the task's, else the suite's, else (auto) the seed's own where it names one."""
+        """The suite's judge settings for this task: its chip, no peers judged by the run, the
+        timing source (the task's, else the suite's, else (auto) the seed's own where it names one)
+        and the memory (the suite's --memory, else the seed's own, else the judge's default)."""
         from evolve.cli.common import seed_timing
 
-        timing = self.timing or (base.timing if base.timing != "auto" else
-                                 seed_timing(self.task_config().load_seed()) or "auto")
-        return dataclasses.replace(base, chip=self.chip, peers=False, timing=timing)
+        seed = self.task_config().load_seed()
+        timing = self.timing or (base.timing if base.timing != "auto" else seed_timing(seed) or "auto")
+        memory = base.memory_gib or seed.task_class.default_memory_gib
+        return dataclasses.replace(base, chip=self.chip, peers=False, timing=timing, memory_gib=memory)
 
 
 SUITES: dict[str, tuple[SuiteTask, ...]] = {

@@ -9,8 +9,9 @@ gamma^(i-R) * gamma^(R-j), both at most 1: the key factor scales the block's sco
 factor the running sums once, after the last such block. Blocks that cross the diagonal take
 gamma^(i-j) itself, 0 where j > i. The numerator (the decayed scores cast to bf16, times V, in
 PV_PASSES bf16 passes: 2 adds the scores' low 16 bits as a second pass; one passes the check at
-SMALL but not at the model shape, where its mean error is 1.6x the XLA program's) and the row sums of |scores * decay| are summed in f32 scratch and each row is divided by
-max(row sum, 1) at the end: the reference divides before its cast to bf16, which rounds the
+SMALL but not at the model shape, where its mean error is 1.6x the XLA program's) and the row
+sums of |scores * decay| are summed in f32 scratch and each row is divided by max(row sum, 1) at
+the end: the reference divides before its cast to bf16, which rounds the
 quotient by the same relative amount.
 """
 

@@ -312,3 +312,35 @@ def test_a_reference_file_names_its_default_chip_and_shape_without_running(tmp_p
                    'def workload(x):\n    return x * 2\n')
     task_class = reference_seed(own).task_class
     assert task_class.default_chip == "v6e" and task_class.test_tasks == {"small": ("N=8", {})}
+    assert task_class.default_memory_gib == 0
+
+
+def test_a_reference_file_names_the_memory_its_judged_children_get_and_a_flag_overrides_it(tmp_path):
+    """``MEMORY = 16`` (an int, read from the text): the default of ``--memory`` for its tasks on
+    eval, run and the suite; Mamba-2's model-shape profile needs more than the judge's 12 GiB."""
+    import argparse
+
+    from evolve.cli.eval import task_from_args
+    from evolve.config import JudgeSettings, load_config
+    from evolve.experiments.suite import SUITES
+    from seeds import load_seed
+    from seeds.reference import reference_seed
+
+    assert load_seed("mamba2_ssd").task_class.default_memory_gib == 16
+    assert load_seed("retnet").task_class.default_memory_gib == 0
+    own = tmp_path / "own.py"
+    own.write_text('MEMORY = 20\nimport jax.numpy as jnp\n\n'
+                   'def create_inputs(N=64):\n    return (jnp.ones((N,), jnp.float32),)\n\n'
+                   'def workload(x):\n    return x * 2\n')
+    assert reference_seed(own).task_class.default_memory_gib == 20
+    config = load_config(None, {"task": {"seed": "mamba2_ssd"}, "judge": {}})
+    assert config.judge.memory_gib == 16 and config.judge.chip == "v6e"
+    assert load_config(None, {"task": {"seed": "mamba2_ssd"}, "judge": {"memory_gib": 22}}).judge.memory_gib == 22
+    assert load_config(None, {"task": {"seed": "retnet"}, "judge": {}}).judge.memory_gib == 0
+    mamba = next(t for t in SUITES["jaxbench"] if t.seed == "mamba2_ssd")
+    assert mamba.judge_settings(JudgeSettings()).memory_gib == 16
+    assert mamba.judge_settings(JudgeSettings(memory_gib=24)).memory_gib == 24
+    args = argparse.Namespace(seed="mamba2_ssd", shape=None, causal=None, dtype=None, chips=None, chip=None,
+                              memory=None, reference=None, start=None, entry=None, order=None)
+    task_from_args(args)
+    assert args.memory == 16 and args.chip == "v6e"
