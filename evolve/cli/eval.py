@@ -217,7 +217,7 @@ def _serve(args: argparse.Namespace, judge_for) -> None:
     """A reference file and no kernel (or ``--start auto``): the built-in seed that serves it best
     becomes ``--start`` (evolve/start/serve.py), the seeds tried printed; UsageError when none does."""
     from evolve.config import TaskConfig
-    from evolve.start.serve import serve, served_config, wants_serving
+    from evolve.start.serve import serve, served_config, serving_memory, wants_serving
 
     config = TaskConfig(seed=args.seed or "flash_attention", shape=args.shape, start=args.start,
                         reference=one_task(args), entry=getattr(args, "entry", None))
@@ -228,7 +228,7 @@ def _serve(args: argparse.Namespace, judge_for) -> None:
                          "kernel passes on it; drop --estimate-only, or name the kernel with --start")
     task_class = config.load_seed().task_class
     args.chip = args.chip or task_class.default_chip
-    args.memory = args.memory or task_class.default_memory_gib or None
+    args.memory = args.memory or task_class.default_memory_gib or serving_memory() or None
     found = serve(config, lambda task: lambda source: judge_for().evaluate(source, task),
                   progress=lambda line: print(line, file=sys.stderr, flush=True))
     chosen = served_config(config, found)

@@ -44,10 +44,12 @@ def served(config, executor, data_dir: str):
     import dataclasses
 
     from evaluator import Judge
-    from evolve.start.serve import serve, served_config, wants_serving
+    from evolve.start.serve import serve, served_config, serving_memory, wants_serving
 
     if not wants_serving(config.task):
         return config
+    if not config.judge.memory_gib:
+        config = dataclasses.replace(config, judge=dataclasses.replace(config.judge, memory_gib=serving_memory()))
     made: list = []
 
     def judging(task):

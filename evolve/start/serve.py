@@ -85,6 +85,15 @@ def candidates() -> list[tuple[str, Path]]:
             if (d / "reference.py").is_file() and (d / "kernel.py").is_file()]
 
 
+def serving_memory() -> int:
+    """The address space (GiB) a judge that serves a reference file gives its children when no
+    --memory is given: the most any serving seed names for its own tasks (``MEMORY``; 0: the
+    judge's default), since the user's workload may be that seed's at its model shape."""
+    from seeds import load_seed
+
+    return max((load_seed(name).task_class.default_memory_gib for name, _ in candidates()), default=0)
+
+
 def serve(task_config, judging, progress=None) -> Served:
     """Offer the reference file of ``task_config`` to every seed; judge the fitting ones:
     ``judging(task)`` is the function that judges a source on ``task`` (an executor's, evolve/
