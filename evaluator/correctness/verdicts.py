@@ -41,8 +41,10 @@ def classify_error(stage: str, kind: str, message: str) -> Status:
     low = message.lower()
     if "vmem" in low and any(k in low for k in ("resource_exhausted", "out of memory", "oom")):
         return Status.FAIL_VMEM
-    if kind == "MemoryError" or any(k in low for k in ("bad_alloc", "cannot allocate memory")):
-        return Status.OOM
+    if kind == "MemoryError" or any(k in low for k in ("bad_alloc", "cannot allocate memory",
+                                                       "out of memory allocating")):
+        return Status.OOM           # the host's memory (XLA:CPU's "RESOURCE_EXHAUSTED: Out of memory
+                                    # allocating N bytes" under the child's address space): no verdict on the kernel
     if kind in ("KnobRefused", "Uncountable"):   # a compiler parameter the judge does not model
         return Status.FAIL_TIMING                  # (compiler_params.py), work it cannot count (variants.py)
     if kind in ("Refused", "WireError"):

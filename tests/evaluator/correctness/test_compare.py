@@ -60,3 +60,16 @@ def test_a_size_that_is_not_a_number_excuses_no_error():
     size = np.array([1.0, 1.0, 1.0, np.nan], np.float32)
     assert not compare(out, ref, expected_dtype="float32", atol=2e-4, rtol=2e-4, magnitude=size).ok
 
+
+
+def test_a_child_out_of_host_memory_is_oom_not_a_verdict_on_the_kernel():
+    # XLA:CPU's words when the child's address space runs out (seen in the correctness stage of
+    # Mamba-2 at its model shape, after the profile in the same runner): no verdict on the kernel
+    from evaluator.correctness.verdicts import classify_error
+    from evaluator.result import Status
+
+    message = "RESOURCE_EXHAUSTED: Out of memory allocating 134217728 bytes."
+    assert classify_error("correctness", "JaxRuntimeError", message) is Status.OOM
+    assert classify_error("correctness", "JaxRuntimeError", "RESOURCE_EXHAUSTED: VMEM out of memory") \
+        is Status.FAIL_VMEM
+    assert classify_error("correctness", "AssertionError", "wrong values") is Status.FAIL_CORRECTNESS
