@@ -326,7 +326,7 @@ def test_a_reference_file_names_the_memory_its_judged_children_get_and_a_flag_ov
     from seeds import load_seed
     from seeds.reference import reference_seed
 
-    assert load_seed("mamba2_ssd").task_class.default_memory_gib == 16
+    assert load_seed("mamba2_ssd").task_class.default_memory_gib == 20
     assert load_seed("retnet").task_class.default_memory_gib == 0
     own = tmp_path / "own.py"
     own.write_text('MEMORY = 20\nimport jax.numpy as jnp\n\n'
@@ -334,13 +334,13 @@ def test_a_reference_file_names_the_memory_its_judged_children_get_and_a_flag_ov
                    'def workload(x):\n    return x * 2\n')
     assert reference_seed(own).task_class.default_memory_gib == 20
     config = load_config(None, {"task": {"seed": "mamba2_ssd"}, "judge": {}})
-    assert config.judge.memory_gib == 16 and config.judge.chip == "v6e"
+    assert config.judge.memory_gib == 20 and config.judge.chip == "v6e"
     assert load_config(None, {"task": {"seed": "mamba2_ssd"}, "judge": {"memory_gib": 22}}).judge.memory_gib == 22
     assert load_config(None, {"task": {"seed": "retnet"}, "judge": {}}).judge.memory_gib == 0
     mamba = next(t for t in SUITES["jaxbench"] if t.seed == "mamba2_ssd")
-    assert mamba.judge_settings(JudgeSettings()).memory_gib == 16
+    assert mamba.judge_settings(JudgeSettings()).memory_gib == 20
     assert mamba.judge_settings(JudgeSettings(memory_gib=24)).memory_gib == 24
     args = argparse.Namespace(seed="mamba2_ssd", shape=None, causal=None, dtype=None, chips=None, chip=None,
                               memory=None, reference=None, start=None, entry=None, order=None)
     task_from_args(args)
-    assert args.memory == 16 and args.chip == "v6e"
+    assert args.memory == 20 and args.chip == "v6e"
