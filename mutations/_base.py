@@ -243,11 +243,30 @@ class Operator(abc.ABC):
         return self.apply_params(source, task, params)
 
     def apply_params(self, source: str, task: Any, params: dict[str, Any]) -> MutationResult:
-        """Rewrite with the given parameters. Never raises."""
+        """Rewrite with the given parameters. Never raises. A pure function of its arguments, so
+        remembered (``_applied``): replaying a history re-applies its every edit, and a child's
+        history is its parent's plus one, so breeding on a large module (JAX's flash attention:
+        about 60 KB of source, a second or more per rewrite) would otherwise redo its ancestors'
+        rewrites at every child."""
         try:
             edit = Edit(self.name, params)
         except (TypeError, ValueError) as exc:
             return MutationResult("failed", source, None, f"parameters are not JSON-able: {exc}")
+        try:
+            key = (self.name, source, task, json.dumps(edit.params, sort_keys=True))
+            hash(key)
+        except TypeError:             # an unhashable task: no memo
+            return self._apply_params_now(source, task, edit)
+        memo = Operator._applied
+        if key not in memo:
+            if len(memo) >= 256:      # sources of large modules: a bounded memo
+                memo.pop(next(iter(memo)))
+            memo[key] = self._apply_params_now(source, task, edit)
+        return memo[key]
+
+    _applied: ClassVar[dict] = {}    # (operator, source, task, params) -> MutationResult, oldest first
+
+    def _apply_params_now(self, source: str, task: Any, edit: Edit) -> MutationResult:
         from . import _sites
 
         params = dict(edit.params)
