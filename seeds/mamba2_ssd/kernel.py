@@ -49,7 +49,7 @@ def _dot(a, b, dims, f32_side):
                                       for lhs, rhs in pairs])
 
 
-def _kernel(c_ref, b_ref, x_ref, row_ref, col_ref, o_ref, *, chunk):
+def _kernel(c_ref, b_ref, x_ref, row_ref, o_ref, *, chunk):
     n, s_len = c_ref.shape
     p = x_ref.shape[0]
     upper = (jax.lax.broadcasted_iota(jnp.int32, (chunk, chunk), 0)      # key j (sublanes)
@@ -57,11 +57,12 @@ def _kernel(c_ref, b_ref, x_ref, row_ref, col_ref, o_ref, *, chunk):
     state = jnp.zeros((p, n), jnp.float32)       # decayed sum of x_j b_j^T before the chunk
     sums = jnp.zeros((n, 1), jnp.float32)        # decayed sum of b_j before the chunk
     anchor = row_ref[0:1, 0:1]
+    cols = row_ref[...].T
     for k in range(s_len // chunk):
         lanes = slice(k * chunk, (k + 1) * chunk)
         c, b, x = c_ref[:, lanes], b_ref[:, lanes], x_ref[:, lanes]      # (n|p, chunk) bf16
         row = row_ref[k:k + 1, :]                                        # cs of the chunk, (1, chunk)
-        col = col_ref[:, k:k + 1]                                        # the same, (chunk, 1)
+        col = cols[:, k:k + 1]                                           # the same, (chunk, 1)
         st = jax.lax.dot_general(b, c, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
         st = st * jnp.exp(jnp.where(upper, row - col, -jnp.inf))        # (key j, query i)
         into = jnp.exp(row - anchor)                                     # exp(cs[i] - A), (1, chunk)
@@ -97,10 +98,10 @@ def ssd(c, b, x, a_log):
     out = pl.pallas_call(
         functools.partial(_kernel, chunk=chunk),
         grid=(heads,),
-        in_specs=[whole(n, s), whole(n, s), whole(p, s), whole(k, chunk), whole(chunk, k)],
+        in_specs=[whole(n, s), whole(n, s), whole(p, s), whole(k, chunk)],
         out_specs=whole(p, s),
         out_shape=jax.ShapeDtypeStruct((heads, p, s), x.dtype),
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",),
                                              vmem_limit_bytes=48 << 20),
-    )(lanes(c), lanes(b), lanes(x), cs.reshape(heads, k, chunk), cs.reshape(heads, k, chunk).transpose(0, 2, 1))
+    )(lanes(c), lanes(b), lanes(x), cs.reshape(heads, k, chunk))
     return out.transpose(0, 2, 1).reshape(bsz, h, s, p)
