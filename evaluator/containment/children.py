@@ -9,7 +9,8 @@
    audits, compiles, and runs the interpreter on the inputs.
 
 Each gets a fresh environment built here, never the parent's: the worker no TPU and no libtpu
-flags; the runner the chip's topology and what the timing source sets before libtpu loads.
+flags; the runner the chip's topology and what the timing source sets before libtpu loads. Each is
+forked from a warm parent that has imported JAX (``zygote.py``) or, failing that, started cold.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import dataclasses
+import functools
 import math
 
-from evaluator.containment import jail
+from evaluator.containment import jail, zygote
 from evaluator.containment.sandbox import ChildOutcome, Limits, run_child
 from evaluator.containment.worker import PROGRAM_FILE
 from evaluator.program import wire
@@ -138,16 +140,27 @@ class Children:
         address space, since a model-sized XLA program's libtpu compile can need both."""
         (directory / "request.json").write_text(json.dumps(request))
         argv = [sys.executable, "-m", module, str(directory / "request.json")]
-        if jailed:
-            argv = self.isolation.wrap(argv, str(directory))
+        jail_dir = str(directory) if jailed and self.isolation.enabled else None
+        if jail_dir:
+            argv = self.isolation.wrap(argv, jail_dir)
         budgets = self.config.budgets
         if trusted:
             budgets = dataclasses.replace(budgets, **{f.name: getattr(budgets, f.name) * TRUSTED_SCALE
                                                       for f in dataclasses.fields(budgets)})
             limits = dataclasses.replace(limits, memory_bytes=max(limits.memory_bytes, TRUSTED_MEMORY))
-        return run_child(argv, cwd=str(directory), env=env, budgets=budgets.as_dict(),
-                         default_budget=budgets.load_s, limits=limits,
-                         total_budget=total_budget)
+        kwargs = dict(cwd=str(directory), env=env, budgets=budgets.as_dict(), default_budget=budgets.load_s,
+                      limits=limits, total_budget=total_budget)
+        warm = zygote.for_env(env)      # a warm start (zygote.py); None: a cold one
+        if warm is not None:
+            try:
+                outcome = run_child(argv, **kwargs, launch=functools.partial(
+                    warm.launch, {"module": module, "args": [str(directory / "request.json")]}, jail=jail_dir))
+                if not outcome.lost:
+                    return outcome
+            except zygote.ZygoteLost:
+                pass
+            zygote.drop(warm)      # started again for the next child; this one is run cold
+        return run_child(argv, **kwargs)
 
     def trace(self, source: str, entry: str, task: SeedTask) -> tuple[ChildOutcome, bytes | None]:
         """Run the candidate in the jail, calling its ``entry``; return what it said and the jaxpr

@@ -28,12 +28,15 @@ import dataclasses
 import functools
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
 NOBODY = 65534
-_MS_BIND, _MS_REC, _MS_NOSUID, _MS_NODEV = 0x1000, 0x4000, 0x2, 0x4
-_PR_SET_NO_NEW_PRIVS = 38
+_MS_BIND, _MS_REC, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_PRIVATE = 0x1000, 0x4000, 0x2, 0x4, 0x8, 1 << 18
+_PR_SET_NO_NEW_PRIVS, _PR_SET_PDEATHSIG = 38, 1
+# What `unshare --pid --mount --net --ipc --uts` asks for (CLONE_NEWPID, NEWNS, NEWNET, NEWIPC, NEWUTS).
+_NAMESPACES = 0x20000000 | 0x00020000 | 0x40000000 | 0x08000000 | 0x04000000
 _PRIVATE_MOUNTS = ("/tmp", "/var/tmp", "/dev/shm")
 
 
@@ -156,6 +159,30 @@ def enter(scratch: str) -> None:
     os.setuid(NOBODY)
     if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+
+
+def enter_here(scratch: str) -> None:
+    """What ``Isolation.wrap`` does, done in this process (a warm start's fresh fork, single-threaded,
+    root, trusted code only; evaluator/containment/zygote.py): new namespaces; this process stays
+    outside as ``unshare --fork`` does, waits, and ends as the namespace's first process ended; that
+    one mounts its own /proc (``--mount-proc``), dies with its parent (``--kill-child=SIGKILL``), and
+    returns from here jailed by :func:`enter`."""
+    libc = _libc()
+    if libc.unshare(_NAMESPACES) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"unshare: {os.strerror(errno)}")
+    pid = os.fork()
+    if pid:
+        _, status = os.waitpid(pid, 0)
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            signal.signal(sig, signal.SIG_DFL)
+            os.kill(os.getpid(), sig)
+        os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    _mount(libc, "none", "/", None, _MS_REC | _MS_PRIVATE, None)
+    _mount(libc, "proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None)
+    enter(scratch)
 
 
 def main(argv: list[str]) -> int:

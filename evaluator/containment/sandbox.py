@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import functools
 import json
 import os
 import resource
@@ -101,6 +102,8 @@ class ChildOutcome:
     # Of the timed-out stage: the CPU seconds it used, and whether the wall-clock backstop ended it.
     timed_out_cpu_s: float | None = None
     timed_out_by_wall: bool = False
+    # A warm start's child that its zygote took down with it: no verdict of its own, to be run again.
+    lost: bool = False
 
     @property
     def signal(self) -> int | None:
@@ -247,9 +250,17 @@ class _ProtocolReader(threading.Thread):
             return list(self.events)
 
 
+def _popen(argv: list[str], *, cwd: str, env: dict[str, str], protocol_fd: int, limits: Limits):
+    """A cold start: a fresh process of ``argv``."""
+    return subprocess.Popen(
+        argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, pass_fds=(protocol_fd,), start_new_session=True,
+        preexec_fn=lambda: _set_limits(limits), close_fds=True)
+
+
 def run_child(argv: list[str], *, cwd: str, env: dict[str, str], budgets: dict[str, float],
               default_budget: float, limits: Limits = Limits(), poll_s: float = 0.05,
-              total_budget: float | None = None) -> ChildOutcome:
+              total_budget: float | None = None, launch=None) -> ChildOutcome:
     """Run ``argv`` sandboxed; each stage it announces gets ``budgets[stage]`` CPU seconds (and
     ``WALL_BACKSTOP`` times as many wall-clock seconds).
 
@@ -258,6 +269,10 @@ def run_child(argv: list[str], *, cwd: str, env: dict[str, str], budgets: dict[s
     stages, the child never gets more than ``total_budget`` CPU seconds in all (by default the sum
     of every budget; the backstop likewise): a child that keeps announcing new stages cannot run
     forever.
+
+    ``launch(cwd=, env=, protocol_fd=, limits=)`` starts the child another way (a warm start,
+    zygote.py) and returns what ``subprocess.Popen`` would (pid, stdout, poll, wait, returncode);
+    the child is watched, budgeted and killed the same way.
     """
     if _SHUTTING_DOWN.is_set():
         raise Interrupted("shutting down")
@@ -265,10 +280,11 @@ def run_child(argv: list[str], *, cwd: str, env: dict[str, str], budgets: dict[s
     child_env = dict(env, **{PROTOCOL_FD_ENV: str(write_fd)})
     start = time.monotonic()
     try:
-        proc = subprocess.Popen(
-            argv, cwd=cwd, env=child_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, pass_fds=(write_fd,), start_new_session=True,
-            preexec_fn=lambda: _set_limits(limits), close_fds=True)
+        proc = (launch or functools.partial(_popen, argv))(cwd=cwd, env=child_env, protocol_fd=write_fd,
+                                                          limits=limits)
+    except BaseException:
+        os.close(read_fd)
+        raise
     finally:
         os.close(write_fd)
     with _LIVE_LOCK:
@@ -315,7 +331,8 @@ def run_child(argv: list[str], *, cwd: str, env: dict[str, str], budgets: dict[s
                         timed_out_stage=timed_out, output=output.text(),
                         output_dropped_bytes=output.dropped, wall_time_s=time.monotonic() - start,
                         timed_out_cpu_s=None if timed_out is None else round(cpu - stage_cpu0, 1),
-                        timed_out_by_wall=timed_out is not None and by_wall and not over_cpu)
+                        timed_out_by_wall=timed_out is not None and by_wall and not over_cpu,
+                        lost=bool(getattr(proc, "lost", False)))
 
 
 class Reporter:

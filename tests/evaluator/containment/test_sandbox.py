@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
 from evaluator.judge import Judge
 from evaluator.result import Status
 from evaluator.containment.sandbox import WALL_BACKSTOP, Limits, cpu_seconds, run_child
+from evaluator.containment.zygote import Zygote
 from tests.procs import alive
+
+ROOT = str(Path(__file__).resolve().parents[3])
 
 PROTOCOL = textwrap.dedent("""
     import json, os
@@ -24,16 +29,31 @@ PROTOCOL = textwrap.dedent("""
 """)
 
 
-def run_script(tmp_path, body: str, budget: float = 20.0, **limits):
+@pytest.fixture(scope="module")
+def zygote(tmp_path_factory):
+    """A warm parent (evaluator/containment/zygote.py) for the scripts, as the judge keeps one."""
+    warm = Zygote({"PATH": os.environ["PATH"], "PYTHONPATH": ROOT}, tmp_path_factory.mktemp("zygote"))
+    yield warm
+    warm.close()
+
+
+@pytest.fixture(params=["cold", "warm"])
+def launcher(request):
+    """Every misbehaviour is met the same whether the child starts cold or is forked warm."""
+    return request.getfixturevalue("zygote") if request.param == "warm" else None
+
+
+def run_script(tmp_path, body: str, budget: float = 20.0, start=None, **limits):
     script = tmp_path / "child.py"
     script.write_text(PROTOCOL + textwrap.dedent(body))
+    launch = None if start is None else functools.partial(start.launch, {"path": str(script), "args": []}, jail=None)
     return run_child([sys.executable, str(script)], cwd=str(tmp_path), env={"PATH": os.environ["PATH"]},
-                     budgets={"work": budget}, default_budget=budget, limits=Limits(**limits))
+                     budgets={"work": budget}, default_budget=budget, limits=Limits(**limits), launch=launch)
 
 
-def test_a_hang_in_native_code_is_killed_from_outside_within_budget(tmp_path):
+def test_a_hang_in_native_code_is_killed_from_outside_within_budget(launcher, tmp_path):
     start = time.monotonic()
-    out = run_script(tmp_path, """
+    out = run_script(tmp_path, start=launcher, body="""
         import ctypes, signal
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         stage("work")
@@ -43,9 +63,9 @@ def test_a_hang_in_native_code_is_killed_from_outside_within_budget(tmp_path):
     assert time.monotonic() - start < WALL_BACKSTOP * 2.0 + 5.0
 
 
-def test_a_fork_leaves_no_process_behind(tmp_path):
+def test_a_fork_leaves_no_process_behind(launcher, tmp_path):
     pids = tmp_path / "pids"
-    out = run_script(tmp_path, f"""
+    out = run_script(tmp_path, start=launcher, body=f"""
         import os, time
         stage("work")
         for i in range(8):
@@ -66,9 +86,9 @@ def test_a_fork_leaves_no_process_behind(tmp_path):
     assert not [p for p in children if alive(p)]
 
 
-def test_a_child_that_forks_and_exits_leaves_nothing_behind(tmp_path):
+def test_a_child_that_forks_and_exits_leaves_nothing_behind(launcher, tmp_path):
     pids = tmp_path / "pids"
-    run_script(tmp_path, f"""
+    run_script(tmp_path, start=launcher, body=f"""
         import os, time
         pid = os.fork()
         if pid == 0:
@@ -80,8 +100,8 @@ def test_a_child_that_forks_and_exits_leaves_nothing_behind(tmp_path):
     assert not alive(int(pids.read_text()))
 
 
-def test_a_segfault_is_reported_with_its_signal_and_the_parent_lives(tmp_path):
-    out = run_script(tmp_path, """
+def test_a_segfault_is_reported_with_its_signal_and_the_parent_lives(launcher, tmp_path):
+    out = run_script(tmp_path, start=launcher, body="""
         import ctypes
         stage("work")
         ctypes.string_at(0)
@@ -91,8 +111,8 @@ def test_a_segfault_is_reported_with_its_signal_and_the_parent_lives(tmp_path):
     assert status is Status.CRASH and stage == "work" and "SIGSEGV" in error
 
 
-def test_allocating_past_the_memory_limit_is_out_of_memory(tmp_path):
-    out = run_script(tmp_path, """
+def test_allocating_past_the_memory_limit_is_out_of_memory(launcher, tmp_path):
+    out = run_script(tmp_path, start=launcher, body="""
         stage("work")
         try:
             block = bytearray(3 << 30)
@@ -106,8 +126,8 @@ def test_allocating_past_the_memory_limit_is_out_of_memory(tmp_path):
     assert status is Status.OOM
 
 
-def test_a_flood_of_output_is_cut_and_stdin_is_empty(tmp_path):
-    out = run_script(tmp_path, """
+def test_a_flood_of_output_is_cut_and_stdin_is_empty(launcher, tmp_path):
+    out = run_script(tmp_path, start=launcher, body="""
         import sys
         got = sys.stdin.read()
         print("stdin:%r" % got, flush=True)
@@ -123,19 +143,19 @@ def test_a_flood_of_output_is_cut_and_stdin_is_empty(tmp_path):
     assert out.output_dropped_bytes > 99 << 20
 
 
-def test_the_environment_is_scrubbed(tmp_path, monkeypatch):
+def test_the_environment_is_scrubbed(launcher, tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "hunter2")
     secret = tmp_path / "secret"
-    run_script(tmp_path, f"""
+    run_script(tmp_path, start=launcher, body=f"""
         import os
         open({str(secret)!r}, "w").write(os.environ.get("AWS_SECRET_ACCESS_KEY", "none"))
     """)
     assert secret.read_text() == "none"
 
 
-def test_announcing_new_stages_forever_does_not_buy_more_time(tmp_path):
+def test_announcing_new_stages_forever_does_not_buy_more_time(launcher, tmp_path):
     start = time.monotonic()
-    out = run_script(tmp_path, """
+    out = run_script(tmp_path, start=launcher, body="""
         import time, itertools
         for i in itertools.count():
             stage(f"stage{i}")   # every new stage would reset a per-stage deadline
@@ -158,24 +178,25 @@ SPIN = """
 """
 
 
-def spin(tmp_path, seconds: float, threads: int, budget: float):
-    return run_script(tmp_path, f"SECONDS, THREADS = {seconds}, {threads}\n" + textwrap.dedent(SPIN), budget=budget)
+def spin(tmp_path, seconds: float, threads: int, budget: float, start=None):
+    body = f"SECONDS, THREADS = {seconds}, {threads}\n" + textwrap.dedent(SPIN)
+    return run_script(tmp_path, start=start, body=body, budget=budget)
 
 
-def test_a_budget_is_cpu_time_of_every_thread_not_wall_time(tmp_path):
+def test_a_budget_is_cpu_time_of_every_thread_not_wall_time(launcher, tmp_path):
     # 3 CPU seconds in two threads is past a budget of 2 CPU seconds, though it may take 1.5 s of wall time
-    out = spin(tmp_path, 3.0, 2, budget=2.0)
+    out = spin(tmp_path, 3.0, 2, budget=2.0, start=launcher)
     assert out.timed_out_stage == "work" and not out.timed_out_by_wall
     assert 2.0 <= out.timed_out_cpu_s < 3.0
-    assert spin(tmp_path, 1.0, 2, budget=2.0).timed_out_stage is None
+    assert spin(tmp_path, 1.0, 2, budget=2.0, start=launcher).timed_out_stage is None
 
 
-def test_the_same_child_gets_the_same_verdict_beside_cpu_hogs(tmp_path):
+def test_the_same_child_gets_the_same_verdict_beside_cpu_hogs(launcher, tmp_path):
     # Two CPU-bound processes beside it (on the 2-core machine: it gets about a third of a core's share
     # less): the CPU it needs is the same, so the verdict is, where a wall-clock budget would flip.
     def verdicts():
-        return (spin(tmp_path, 1.5, 1, budget=2.5).timed_out_stage,
-                spin(tmp_path, 3.5, 1, budget=2.5).timed_out_stage)
+        return (spin(tmp_path, 1.5, 1, budget=2.5, start=launcher).timed_out_stage,
+                spin(tmp_path, 3.5, 1, budget=2.5, start=launcher).timed_out_stage)
 
     alone = verdicts()
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
@@ -202,8 +223,8 @@ def test_cpu_seconds_count_a_process_and_its_children():
         child.wait()
 
 
-def test_stage_seconds_follow_the_announcements(tmp_path):
-    out = run_script(tmp_path, """
+def test_stage_seconds_follow_the_announcements(launcher, tmp_path):
+    out = run_script(tmp_path, start=launcher, body="""
         import time
         time.sleep(0.3)
         stage("a")
