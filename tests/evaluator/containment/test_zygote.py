@@ -136,6 +136,7 @@ def _warm(outcome) -> bool:
 
 
 def test_a_zygote_that_dies_is_replaced_and_its_child_run_again_cold(tmp_path):
+    warm_start.close_all()       # none left by the tests before, in this process
     children = _children(tmp_path)
     try:
         first = _run(children, tmp_path / "a", 0.0)
