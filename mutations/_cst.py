@@ -20,7 +20,7 @@ import libcst as cst
 
 from . import _sites
 from ._errors import NotApplicable
-from ._walk import walk
+from ._walk import nodes, per_tree
 
 TUNABLE_PREFIXES = ("BLOCK_", "HEADS_PER_PROGRAM", "VMEM_LIMIT_BYTES", "DIAGONAL_STRIP", "KV_SPLITS", "CHIPS")
 
@@ -61,7 +61,7 @@ def transform(node: cst.CSTNode, fn: Callable[[cst.CSTNode], cst.CSTNode | None]
 
 def find_all(node: cst.CSTNode, pred: Callable[[cst.CSTNode], bool]) -> list[cst.CSTNode]:
     """The nodes under ``node`` (itself included) that ``pred`` holds for, in visiting order."""
-    return [n for n in walk(node) if pred(n)]
+    return [n for n in nodes(node) if pred(n)]
 
 
 def is_call(node: cst.CSTNode, func: str) -> bool:
@@ -331,8 +331,18 @@ def grid_tuple(wrapper: cst.FunctionDef) -> cst.Tuple:
     return value
 
 
+@per_tree
+def _calls(node: cst.CSTNode) -> dict[str, tuple[cst.Call, ...]]:
+    """The calls under ``node`` by the dotted name they call, in visiting order."""
+    out: dict[str, list[cst.Call]] = {}
+    for n in nodes(node):
+        if isinstance(n, cst.Call):
+            out.setdefault(norm(n.func), []).append(n)
+    return {name: tuple(calls) for name, calls in out.items()}
+
+
 def iter_calls(node: cst.CSTNode, func: str) -> Iterator[cst.Call]:
-    yield from find_all(node, lambda n: is_call(n, func))  # type: ignore[misc]
+    yield from _calls(node).get(func, ())
 
 
 # ---- a site's kernel functions (production modules) ------------------------------------------
