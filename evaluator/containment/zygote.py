@@ -141,8 +141,8 @@ def serve(fd: int) -> int:
                     data, fds, _, _ = socket.recv_fds(sock, _MAX, 2)
                 except OSError:
                     data, fds = b"", []
-                if not data:        # the judge is gone: so are we (and, by their death signal, our children)
-                    return 0
+                if not data:        # the judge is gone: so are we, at once (and, by their death signal, our children)
+                    os._exit(0)
                 request = json.loads(data)
                 pid = os.fork()
                 if pid == 0:
@@ -279,6 +279,12 @@ class Zygote:
 
     def close(self) -> None:
         self.alive = False
+        try:
+            # shutdown, not close alone: the reader thread blocked in recv holds the socket open, and
+            # the zygote would never see its end.
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         try:
             self.sock.close()
         finally:

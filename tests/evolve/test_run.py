@@ -119,7 +119,8 @@ def workers_of(pid: int) -> list[int]:
     for child in _descendants(pid):
         try:
             with open(f"/proc/{child}/cmdline", "rb") as fh:
-                if b"evaluator.containment.worker" in fh.read():
+                # a worker started cold, or a warm parent and the children it forked (its command line)
+                if re.search(rb"evaluator\.containment\.(worker|zygote)", fh.read()):
                     found.append(child)
         except OSError:
             pass
