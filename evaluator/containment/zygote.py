@@ -44,13 +44,15 @@ import threading
 import time
 from pathlib import Path
 
+from evaluator.containment.sandbox import PROTOCOL_FD_ENV
+
 # What a child would import first: the judge's two children and what they import at their start.
 PRELOAD = ("numpy", "jax", "jax.numpy", "jax.experimental.pallas", "jax.experimental.pallas.tpu",
            "jax.experimental.topologies", "evaluator.containment.worker", "evaluator.runner",
            "evaluator.program.wire", "evaluator.program.traced", "evaluator.program.kernel_audit",
            "evaluator.correctness.interpret", "evaluator.correctness.precision")
 # A child's own entries of its environment; the zygote is keyed by the rest (what an import may read).
-PER_CHILD = ("HOME", "TMPDIR", "LIBTPU_INIT_ARGS", "PALLAS_EVOLVE_PROTOCOL_FD")
+PER_CHILD = ("HOME", "TMPDIR", "LIBTPU_INIT_ARGS", PROTOCOL_FD_ENV)
 WARM_ENV = "PALLAS_EVOLVE_WARM"
 _READY_S = 120.0
 _MAX = 1 << 20
@@ -78,7 +80,7 @@ def _child(request: dict, fds: list[int]) -> None:
         os.dup2(proto, 3)
         os.closerange(4, 1 << 16)
         os.setsid()
-        env = dict(request["env"], PALLAS_EVOLVE_PROTOCOL_FD="3")
+        env = dict(request["env"], **{PROTOCOL_FD_ENV: "3"})
         os.environ.clear()
         os.environ.update({k: v for k, v in request["imported_env"].items() if k not in env} | env)
         tempfile.tempdir = None
