@@ -159,6 +159,9 @@ def enter(scratch: str) -> None:
     os.setuid(NOBODY)
     if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+    # The kernel clears the death signal when credentials change: armed again, as nobody, or this
+    # process (the namespace's first) would outlive the judge that started it.
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def enter_here(scratch: str) -> None:

@@ -67,8 +67,13 @@ def _child(request: dict, fds: list[int]) -> None:
     """In the fork: become the child the request describes, run it, exit. Never returns."""
     code = 1
     try:
-        from evaluator.containment.sandbox import Limits, _set_limits
+        from evaluator.containment.sandbox import Limits, _die_with_parent, _set_limits
 
+        # First: this child dies with the zygote (which ends when its judge does), as a cold child
+        # dies with the judge that started it; a zygote gone before this line left it another parent.
+        _die_with_parent()
+        if os.getppid() != request["zygote"]:
+            os._exit(1)
         signal.set_wakeup_fd(-1)
         for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
             signal.signal(sig, signal.SIG_DFL)
@@ -132,7 +137,8 @@ def serve(fd: int) -> int:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _send(sock, {"ready": os.getpid()})
+    zygote = os.getpid()
+    _send(sock, {"ready": zygote})
     selector = selectors.DefaultSelector()
     selector.register(sock, selectors.EVENT_READ)
     selector.register(wake_r, selectors.EVENT_READ)
@@ -148,7 +154,7 @@ def serve(fd: int) -> int:
                 request = json.loads(data)
                 pid = os.fork()
                 if pid == 0:
-                    _child(dict(request, imported_env=imported_env), fds)
+                    _child(dict(request, imported_env=imported_env, zygote=zygote), fds)
                 for end in fds:
                     os.close(end)
                 _send(sock, {"started": request["token"], "pid": pid})

@@ -77,3 +77,42 @@ def test_a_judge_without_a_jail_says_so_once_loudly(monkeypatch, tmp_path, capsy
         jail.probe.cache_clear()
     err = capsys.readouterr().err
     assert err.count("WITHOUT operating-system isolation") == 1 and "PALLAS_EVOLVE_NO_JAIL" in err
+
+
+JUDGE = """
+import os, sys, time
+from evaluator.containment import jail
+from evaluator.containment.sandbox import Limits, _popen
+argv = jail.Isolation(True).wrap([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(617)"],
+                                 sys.argv[1])
+r, w = os.pipe()
+child = _popen(argv, cwd=sys.argv[1], env={"PATH": os.environ["PATH"]}, protocol_fd=w, limits=Limits())
+print(child.stdout.readline().decode().strip(), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_jailed_child_dies_with_the_judge_that_started_it(tmp_path):
+    """kill -9 on its judge: the namespace's first process goes too, though dropping to nobody
+    cleared the death signal the judge armed (jail.enter arms it again)."""
+    import time
+
+    from evaluator.containment.sandbox import _descendants
+    from tests.procs import alive
+
+    os.chown(tmp_path, jail.NOBODY, jail.NOBODY)
+    judge = subprocess.Popen([sys.executable, "-c", JUDGE, str(tmp_path)], stdout=subprocess.PIPE, cwd=ROOT,
+                             env=dict(os.environ, PYTHONPATH=ROOT))
+    try:
+        assert judge.stdout.readline() == b"up\n"
+        below = _descendants(judge.pid)
+        assert len(below) == 2                  # unshare outside, the jailed first process inside
+        judge.kill()
+        judge.wait()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(alive(pid) for pid in below):
+            time.sleep(0.05)
+        assert not [pid for pid in below if alive(pid)]
+    finally:
+        judge.kill()
+        subprocess.run(["pkill", "-f", "time.sleep\\(617\\)"])

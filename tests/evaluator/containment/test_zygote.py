@@ -116,6 +116,37 @@ def test_nothing_a_child_leaves_behind_reaches_the_next(zygote, tmp_path, jailed
     assert not subprocess.run(["pgrep", "-f", "sleep 618"], capture_output=True, text=True).stdout.split()
 
 
+@pytest.mark.parametrize("jailed", [pytest.param(True, marks=needs_jail), False])
+def test_a_child_dies_with_its_zygote(tmp_path, jailed):
+    """Its judge killed by kill -9, a zygote ends at once; what it forked must not run on, jailed or
+    not (a cold child dies with its judge the same way)."""
+    import time
+
+    from evaluator.containment.sandbox import _descendants
+
+    warm = Zygote({"PATH": os.environ["PATH"], "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}, tmp_path / "home")
+    script = tmp_path / "child.py"
+    script.write_text("import time\nprint('up', flush=True)\ntime.sleep(600)\n")
+    if jailed:
+        os.chown(tmp_path, jail.NOBODY, jail.NOBODY)
+    read_fd, write_fd = os.pipe()
+    try:
+        child = warm.launch({"path": str(script), "args": []}, cwd=str(tmp_path), env={"PATH": os.environ["PATH"]},
+                            limits=Limits(), jail=str(tmp_path) if jailed else None, protocol_fd=write_fd)
+        assert child.stdout.readline() == b"up\n"
+        forked = _descendants(warm.proc.pid)
+        assert child.pid in forked and len(forked) == (2 if jailed else 1)     # jailed: the one outside, PID 1
+        os.kill(warm.proc.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(alive(pid) for pid in forked):
+            time.sleep(0.05)
+        assert not [pid for pid in forked if alive(pid)]
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+        warm.close()
+
+
 def _children(tmp_path) -> Children:
     from evaluator.chips import get_chip
     from evaluator.figure.timing import get_timing_source
