@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Literal
 import libcst as cst
 
 from ._errors import NotApplicable
+from ._walk import module_code
 
 Status = Literal["applied", "not_applicable", "failed"]
 
@@ -279,7 +280,7 @@ class Operator(abc.ABC):
         try:
             with _sites.scope(task, site):
                 new_module = self._rewrite(parse(source), task, params)
-            new_source = new_module.code
+            new_source = module_code(new_module)
             compile(new_source, "<mutated kernel>", "exec")
         except NotApplicable as exc:
             return MutationResult("not_applicable", source, edit, str(exc))

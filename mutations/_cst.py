@@ -20,7 +20,7 @@ import libcst as cst
 
 from . import _sites
 from ._errors import NotApplicable
-from ._walk import nodes, per_tree
+from ._walk import nodes, per_tree, replace
 
 TUNABLE_PREFIXES = ("BLOCK_", "HEADS_PER_PROGRAM", "VMEM_LIMIT_BYTES", "DIAGONAL_STRIP", "KV_SPLITS", "CHIPS")
 
@@ -57,6 +57,12 @@ class _Fn(cst.CSTTransformer):
 def transform(node: cst.CSTNode, fn: Callable[[cst.CSTNode], cst.CSTNode | None]):
     """Bottom-up rewrite: ``fn`` returns a replacement for a node or None to keep it."""
     return node.visit(_Fn(fn))
+
+
+def replace_node(tree: cst.CSTNode, old: cst.CSTNode, new: cst.CSTNode) -> cst.CSTNode:
+    """``tree`` with ``old`` (a node of it, by identity) replaced by ``new``, as libcst's
+    ``deep_replace``, building anew only ``old``'s ancestors (``_walk.replace``)."""
+    return replace(tree, {id(old): new})
 
 
 def find_all(node: cst.CSTNode, pred: Callable[[cst.CSTNode], bool]) -> list[cst.CSTNode]:

@@ -61,16 +61,20 @@ def walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
     return iter(nodes(node))
 
 
+def _names(here: cst.CSTNode) -> tuple[str, ...]:
+    """The fields ``here`` holds its children in, in libcst's visiting order."""
+    known = _ORDER.get(type(here))
+    if known is None or known[1] and any(getattr(here, name) is not None for name in known[1]):
+        return _fields(here)
+    return known[0]
+
+
 def _walk_now(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
     todo = [node]
     while todo:
         here = todo.pop()
         yield here
-        known = _ORDER.get(type(here))
-        if known is None or known[1] and any(getattr(here, name) is not None for name in known[1]):
-            names = _fields(here)
-        else:
-            names = known[0]
+        names = _names(here)
         children: list[cst.CSTNode] = []
         for name in names:            # a visited field holds a node, a sequence, None or the sentinel
             value = getattr(here, name)
@@ -82,10 +86,11 @@ def _walk_now(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
 
 
 # Values kept per tree, by the tree's identity (the tree is kept with them, so the identity stays
-# its), bounded by the elements they hold in all (a million: some 35 trees of JAX's flash attention).
+# its), bounded by the elements they hold in all (4 million: some 140 trees of JAX's flash attention;
+# a million made a run's breeding from it walk its trees again, 3% of its time).
 _KEPT: collections.OrderedDict = collections.OrderedDict()
 _KEPT_SIZE = [0]
-_KEPT_LIMIT = 1 << 20
+_KEPT_LIMIT = 1 << 22
 _KEPT_LOCK = threading.Lock()
 
 
@@ -120,3 +125,102 @@ def per_tree(fn: Callable[[cst.CSTNode], tuple | dict]) -> Callable[[cst.CSTNode
 def nodes(node: cst.CSTNode) -> tuple[cst.CSTNode, ...]:
     """Every node :func:`walk` meets, walked once per tree."""
     return tuple(_walk_now(node))
+
+
+_SHARED = object()      # a node met twice in one tree: it has no one parent
+
+
+@per_tree
+def _parents(tree: cst.CSTNode) -> dict[int, object]:
+    """id(node) -> its parent, for every node of ``tree`` (the root's: None)."""
+    up: dict[int, object] = {id(tree): None}
+    for here in nodes(tree):
+        if up.get(id(here)) is _SHARED:
+            continue
+        for name in _names(here):
+            value = getattr(here, name)
+            for child in value if isinstance(value, (tuple, list)) else (value,):
+                if child is not None and child is not _SENTINEL:
+                    up[id(child)] = _SHARED if id(child) in up else here
+    return up
+
+
+def replace(tree: cst.CSTNode, changes: dict[int, cst.CSTNode]) -> cst.CSTNode:
+    """``tree`` with each node whose ``id`` is a key of ``changes`` replaced by its value, as
+    ``deep_replace`` does one (by identity); an id not in the tree changes nothing. Only the
+    replaced nodes' ancestors are built anew: every other node is the very node of ``tree`` (libcst's
+    ``deep_replace`` rebuilds the whole tree, 0.1 s on JAX's flash attention module)."""
+    up = _parents(tree)
+    dirty: set[int] = set()
+    for key in changes:
+        parent = up.get(key)
+        if parent is _SHARED:
+            return _replace_by_visit(tree, changes)
+        while parent is not None and id(parent) not in dirty:
+            if up[id(parent)] is _SHARED:
+                return _replace_by_visit(tree, changes)
+            dirty.add(id(parent))
+            parent = up[id(parent)]
+
+    def rebuild(node: cst.CSTNode) -> cst.CSTNode:
+        new = changes.get(id(node))
+        if new is not None:
+            return new
+        if id(node) not in dirty:
+            return node
+        updates = {}
+        for name in _names(node):
+            value = getattr(node, name)
+            if isinstance(value, (tuple, list)):
+                items = [rebuild(child) for child in value]
+                if any(a is not b for a, b in zip(items, value)):
+                    updates[name] = type(value)(items)
+            elif value is not None and value is not _SENTINEL:
+                item = rebuild(value)
+                if item is not value:
+                    updates[name] = item
+        return node.with_changes(**updates) if updates else node
+
+    return rebuild(tree)
+
+
+class _ByIdentity(cst.CSTTransformer):
+    def __init__(self, changes: dict[int, cst.CSTNode]) -> None:
+        super().__init__()
+        self.changes = changes
+
+    def on_leave(self, original_node, updated_node):  # type: ignore[override]
+        return self.changes.get(id(original_node), updated_node)
+
+
+def _replace_by_visit(tree: cst.CSTNode, changes: dict[int, cst.CSTNode]) -> cst.CSTNode:
+    """:func:`replace` for a tree that holds one node in two places: libcst's own walk."""
+    return tree.visit(_ByIdentity(changes))
+
+
+# Each top-level statement's printed code, by the statement's identity and the module's formats.
+_CODES: collections.OrderedDict = collections.OrderedDict()
+_CODES_LIMIT = 1 << 15
+
+
+def module_code(module: cst.Module) -> str:
+    """``module.code``, each top-level statement printed once: a rewrite builds anew only the
+    statements it changes (:func:`replace`, ``_cst.replace_function``), so a child's source is
+    mostly its parent's statements, kept here by identity (libcst prints a module as its header,
+    statements and footer one after the other, in a fresh state each: no statement's code depends
+    on another's)."""
+    if not module.has_trailing_newline:
+        return module.code
+    parts = []
+    for node in (*module.header, *module.body, *module.footer):
+        key = (id(node), module.default_indent, module.default_newline)
+        with _KEPT_LOCK:
+            hit = _CODES.get(key)
+        if hit is None or hit[0] is not node:
+            hit = (node, module.code_for_node(node))
+            with _KEPT_LOCK:
+                _CODES[key] = hit
+                while len(_CODES) > _CODES_LIMIT:
+                    _CODES.popitem(last=False)
+        parts.append(hit[1])
+    return "".join(parts) or module.default_newline

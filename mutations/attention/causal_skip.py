@@ -165,5 +165,5 @@ class CausalSkip(Operator):
             new_lam = lam.with_changes(body=lam.body.with_changes(elements=elements))
             new_spec = spec.with_changes(args=[spec.args[0], spec.args[1].with_changes(value=new_lam),
                                                *spec.args[2:]])
-            module = module.deep_replace(spec, new_spec)
+            module = C.replace_node(module, spec, new_spec)
         return module

@@ -48,7 +48,7 @@ class CompactScratch(Operator):
             new_call = call.with_changes(
                 args=[call.args[0].with_changes(value=shape.with_changes(elements=elements)),
                       *call.args[1:]])
-            module = module.deep_replace(call, new_call)  # type: ignore[assignment]
+            module = C.replace_node(module, call, new_call)  # type: ignore[assignment]
         fn = C.kernel(module)
 
         def drop_slice(node):

@@ -129,7 +129,7 @@ class DeferredNormalisation(Rewrite):
         store = C.store_function(fn)
         old_read = C.find_all(store, lambda n: _subscript_of(n, match.acc_ref))[0]
         new_read = C.expr(f"({read} / {match.l_ref}[{idx}]{lanes})")
-        new_store = store.deep_replace(old_read, new_read)
+        new_store = C.replace_node(store, old_read, new_read)
         fn = C.replace_top(fn, store, new_store)  # type: ignore[arg-type]
         return C.replace_function(module, match.fn.name.value, fn)
 
@@ -247,12 +247,12 @@ class _Deferral(cst.CSTTransformer):
             if isinstance(small.operator, cst.MultiplyAssign):
                 product = C.find_all(small.value, lambda n: isinstance(n, cst.BinaryOperation)
                                      and C.norm(n) == C.norm(m.product))[0]
-                value = small.value.deep_replace(product, cst.Name(m.alpha))
+                value = C.replace_node(small.value, product, cst.Name(m.alpha))
                 return node.with_changes(body=[small.with_changes(value=value)],
                                          leading_lines=[*node.leading_lines, self.comment])
             if isinstance(small.operator, cst.AddAssign):
                 return node.with_changes(body=[small.with_changes(value=small.value.left)])
         if C.norm(small) == C.norm(m.store):
             read = C.find_all(small.value, lambda n: isinstance(n, cst.Subscript) and C.norm(n) == self.acc)[0]
-            return node.with_changes(body=[small.with_changes(value=small.value.deep_replace(read, self.new_read))])
+            return node.with_changes(body=[small.with_changes(value=C.replace_node(small.value, read, self.new_read))])
         return node

@@ -139,7 +139,7 @@ class DiagonalStrips(Operator):
         header = C.with_block(f"def _step(needs_mask, row0=0, *, {defaults}):\n    pass\n", [])
         rows = _rows_assign(step)[0]
         new_rows = rows.with_changes(value=C.expr(f"row0 + {C.code(rows.value)}"))
-        new_step = step.deep_replace(rows, new_rows)
+        new_step = C.replace_node(step, rows, new_rows)
         new_step = new_step.with_changes(params=header.params)
         coarse = "HEADS_PER_PROGRAM" in module_ints(module)   # per-head ref tuples, 3-D scratch
 
@@ -162,7 +162,7 @@ class DiagonalStrips(Operator):
         fn = fn.with_changes(body=fn.body.with_changes(body=body))
         on_diag = _on_diagonal(fn)
         guard = C.stmts(_ON_DIAGONAL.format(fn=_STRIPS_FN, tunable=TUNABLE))
-        fn = fn.deep_replace(on_diag, on_diag.with_changes(body=on_diag.body.with_changes(body=guard)))
+        fn = C.replace_node(fn, on_diag, on_diag.with_changes(body=on_diag.body.with_changes(body=guard)))
         module = C.replace_function(module, fn.name.value, fn)
         return set_tunable(module, TUNABLE, str(strip),
                            comment="rows per strip of a causal diagonal block (diagonal_strips)")

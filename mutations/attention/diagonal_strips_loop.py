@@ -133,14 +133,15 @@ class Match:
             raise NotApplicable(f"expected one row iota (broadcasted_iota(..., 0)) in the sub-block "
                                 f"body, found {len(row_iotas)}")
         iota = row_iotas[0]
-        body = self.body.deep_replace(iota, C.expr(f"row0 + {C.code(iota)}"))
+        body = C.replace_node(self.body, iota, C.expr(f"row0 + {C.code(iota)}"))
         shape_tuples = C.find_all(body, lambda n: isinstance(n, cst.Tuple) and len(n.elements) == 2
                                   and C.norm(n.elements[0].value) == self.block_q)
         for shape in shape_tuples:
             els = list(shape.elements)
             els[0] = els[0].with_changes(value=cst.Name("rows"))
             text = C.norm(shape)
-            body = body.deep_replace(
+            body = C.replace_node(
+                body,
                 C.find_all(body, lambda n, text=text: isinstance(n, cst.Tuple) and C.norm(n) == text)[0],
                 shape.with_changes(elements=els))
         left = [n for n in C.find_all(body, lambda n: isinstance(n, cst.Name) and n.value == self.block_q)]
@@ -205,7 +206,7 @@ def set_strip(module: cst.Module, strip: int) -> cst.Module:
         assigns = C.find_all(fn, lambda n: isinstance(n, cst.Assign) and len(n.targets) == 1
                              and C.norm(n.targets[0].target) == STRIP_NAME)
         if assigns:
-            new = fn.deep_replace(assigns[0], assigns[0].with_changes(value=cst.Integer(str(strip))))
+            new = C.replace_node(fn, assigns[0], assigns[0].with_changes(value=cst.Integer(str(strip))))
             return C.replace_function(module, fn.name.value, new)
     raise NotApplicable(f"no '{STRIP_NAME} = ...' in the site's kernel functions")
 
@@ -235,5 +236,5 @@ def rewrite(module: cst.Module, strip: int) -> cst.Module:
         else:
             run_body.append(stmt)
     run = m.run.with_changes(body=m.run.body.with_changes(body=run_body))
-    fn = m.fn.deep_replace(m.run, run)
+    fn = C.replace_node(m.fn, m.run, run)
     return C.replace_function(module, m.fn.name.value, fn)  # type: ignore[arg-type]

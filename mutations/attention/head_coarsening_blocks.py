@@ -136,7 +136,7 @@ def rewrite(module: cst.Module, hpp: int) -> cst.Module:
         wrapper = C.wrapper(module)
         line = next(s for s in wrapper.body.body if (C.assigned_name(s) or ("",))[0] == HPP)
         new_line = line.with_changes(body=[line.body[0].with_changes(value=cst.Integer(str(hpp)))])
-        return C.replace_wrapper(module, wrapper.deep_replace(line, new_line))  # type: ignore[arg-type]
+        return C.replace_wrapper(module, C.replace_node(wrapper, line, new_line))  # type: ignore[arg-type]
     # The kernel: loop over the heads of the block.
     fn = C.kernel(module)
     loop, call = _dispatch(fn)
@@ -145,16 +145,16 @@ def rewrite(module: cst.Module, hpp: int) -> cst.Module:
     inner_call = call.with_changes(args=[call.args[0].with_changes(value=C.expr(f"({batch}, {HEAD_IDX})")),
                                          *call.args[1:]])
     inner = C.with_block(f"for {HEAD_IDX} in range({first}.shape[1]):  # the heads of the block\n    pass\n",
-                         [loop.body.body[0].deep_replace(call, inner_call)])
+                         [C.replace_node(loop.body.body[0], call, inner_call)])
     new_loop = loop.with_changes(body=loop.body.with_changes(body=[inner]))
-    module = C.replace_function(module, fn.name.value, fn.deep_replace(loop, new_loop))  # type: ignore[arg-type]
+    module = C.replace_function(module, fn.name.value, C.replace_node(fn, loop, new_loop))  # type: ignore[arg-type]
     # The wrapper: the setting, the grid's heads axis, the head dimension of blocks and scratch.
     wrapper = C.wrapper(module)
     grid_line, grid = _grid(wrapper)
     heads = C.code(grid.elements[1].value)
     elements = list(grid.elements)
     elements[1] = elements[1].with_changes(value=C.expr(f"{heads} // {HPP}"))
-    new_grid_line = grid_line.deep_replace(grid, grid.with_changes(elements=elements))
+    new_grid_line = C.replace_node(grid_line, grid, grid.with_changes(elements=elements))
     setting = C.stmts(_SETTING.format(hpp=HPP, value=hpp, heads=heads))
     setting[0] = setting[0].with_changes(leading_lines=grid_line.leading_lines)
     new_grid_line = new_grid_line.with_changes(leading_lines=[])

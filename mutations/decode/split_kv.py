@@ -206,7 +206,7 @@ class SplitKV(Operator):
         combine = C.stmts(_COMBINE.format(exp=exp))
         combine[0] = combine[0].with_changes(leading_lines=[
             cst.EmptyLine(comment=cst.Comment(_COMBINE.splitlines()[0]))])
-        returned = ret.deep_replace(call, cst.Name("out"))
+        returned = C.replace_node(ret, call, cst.Name("out"))
         tail = [cst.SimpleStatementLine([cst.Assign(
                     targets=[cst.AssignTarget(C.expr("acc_part, m_part, l_part"))], value=call)]),
                 *combine, ret_line.with_changes(body=[returned])]

@@ -65,7 +65,7 @@ class Site:
     def tail(self) -> list[cst.BaseStatement]:
         """The user's statements from the one holding the output's call on, the call as ``_o``."""
         body = list(self.user.body.body)[self.at:]
-        body[0] = body[0].deep_replace(self.call, cst.Name(OUT))  # type: ignore[assignment]
+        body[0] = C.replace_node(body[0], self.call, cst.Name(OUT))  # type: ignore[assignment]
         return body
 
 

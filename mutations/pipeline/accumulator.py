@@ -175,6 +175,6 @@ class Accumulator(Rewrite):
             if els:
                 els[-1] = els[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
             els.append(cst.Element(C.expr(vmem)))
-            new_call = call.deep_replace(scratch, scratch.with_changes(elements=els))
-        module = module.deep_replace(call, new_call)  # type: ignore[assignment]
+            new_call = C.replace_node(call, scratch, scratch.with_changes(elements=els))
+        module = C.replace_node(module, call, new_call)  # type: ignore[assignment]
         return C.with_import(module, C.PLTPU)

@@ -130,5 +130,5 @@ class Buffering(Operator):
         if isinstance(k, bool) or not isinstance(k, int) or k not in found:
             raise NotApplicable(f"input={k!r} is not an input fetched once ({sorted(found)}; {'; '.join(why)})")
         spec = found[k]
-        module = module.deep_replace(spec, C.add_call_kwarg(spec, "pipeline_mode", MODE))  # type: ignore[assignment]
+        module = C.replace_node(module, spec, C.add_call_kwarg(spec, "pipeline_mode", MODE))  # type: ignore[assignment]
         return module

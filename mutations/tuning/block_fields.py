@@ -23,6 +23,7 @@ import functools
 import libcst as cst
 
 from .. import _sites
+from .._walk import replace as replace_ids
 from .._walk import walk
 
 # A production kernel's forward block names -> the task's tunable whose legal values they take.
@@ -124,16 +125,11 @@ def set_fields(module: cst.Module, entry: str | None, values: dict[str, int]) ->
 def set_literals(module: cst.Module, replace: dict[int, int]) -> cst.Module:
     """The literals whose node ids ``replace`` names set to their new values (a ``None`` default
     named there becomes the integer)."""
-
-    class T(cst.CSTTransformer):
-        def leave_Integer(self, original: cst.Integer, updated: cst.Integer) -> cst.Integer:
-            if id(original) in replace:
-                return updated.with_changes(value=str(replace[id(original)]))
-            return updated
-
-        def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
-            if id(original) in replace:     # a None default given a value
-                return cst.Integer(str(replace[id(original)]))
-            return updated
-
-    return module.visit(T())
+    changes: dict[int, cst.CSTNode] = {}
+    for node in walk(module):
+        if id(node) not in replace or not isinstance(node, (cst.Integer, cst.Name)):
+            continue
+        value = str(replace[id(node)])
+        # a None default given a value becomes the integer
+        changes[id(node)] = node.with_changes(value=value) if isinstance(node, cst.Integer) else cst.Integer(value)
+    return replace_ids(module, changes)  # type: ignore[return-value]

@@ -196,8 +196,8 @@ class DimensionSemantics(Operator):
             if not params_calls(module):
                 module = _with_compiler_params(module)
             params = params_calls(module)[0]
-            return module.deep_replace(params, C.add_call_kwarg(  # type: ignore[return-value]
+            return C.replace_node(module, params, C.add_call_kwarg(  # type: ignore[return-value]
                 params, "dimension_semantics", f"({stated}{',' if len(names) == 1 else ''})"))
         elements = list(value.elements)
         elements[axis] = elements[axis].with_changes(value=cst.SimpleString(f'"{semantics}"'))
-        return module.deep_replace(value, value.with_changes(elements=elements))  # type: ignore[return-value]
+        return C.replace_node(module, value, value.with_changes(elements=elements))  # type: ignore[return-value]

@@ -124,18 +124,18 @@ class VmemLimit(Operator):
             call = self._params_call(module)
             assert call is not None
             new_call = C.add_call_kwarg(call, "vmem_limit_bytes", "VMEM_LIMIT_BYTES")
-            return module.deep_replace(call, new_call)  # type: ignore[return-value]
+            return C.replace_node(module, call, new_call)  # type: ignore[return-value]
         # No tunables at module level (a production module): the limit goes into the site's call,
         # or into the default of the wrapper's keyword that the call passes on.
         value = f"{mib} * 1024 * 1024"
         keyword = self._keyword(module, existing)
         if keyword is not None:
-            return module.deep_replace(keyword, keyword.with_changes(default=C.expr(value)))  # type: ignore
+            return C.replace_node(module, keyword, keyword.with_changes(default=C.expr(value)))  # type: ignore
         if existing is None:
             new_call = C.add_call_kwarg(call, "vmem_limit_bytes", value)
         else:
-            new_call = call.deep_replace(existing, C.expr(value))
-        return module.deep_replace(call, new_call)  # type: ignore[return-value]
+            new_call = C.replace_node(call, existing, C.expr(value))
+        return C.replace_node(module, call, new_call)  # type: ignore[return-value]
 
 
 # The class of the compiler parameters, by the names JAX has given it.
@@ -152,5 +152,5 @@ def _with_compiler_params(module: cst.Module) -> cst.Module:
     """``module`` whose pallas_call takes ``compiler_params=pltpu.CompilerParams()`` (the compiler's
     defaults, which the limit then joins), with ``pltpu`` imported if it was not."""
     call = C.pallas_call(module)
-    module = module.deep_replace(call, C.add_call_kwarg(call, "compiler_params", "pltpu.CompilerParams()"))
+    module = C.replace_node(module, call, C.add_call_kwarg(call, "compiler_params", "pltpu.CompilerParams()"))
     return C.with_import(module, C.PLTPU)
