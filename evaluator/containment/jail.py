@@ -26,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
+import operator
 import os
 import shutil
 import signal
@@ -35,8 +36,10 @@ import sys
 NOBODY = 65534
 _MS_BIND, _MS_REC, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_PRIVATE = 0x1000, 0x4000, 0x2, 0x4, 0x8, 1 << 18
 _PR_SET_NO_NEW_PRIVS, _PR_SET_PDEATHSIG = 38, 1
-# What `unshare --pid --mount --net --ipc --uts` asks for (CLONE_NEWPID, NEWNS, NEWNET, NEWIPC, NEWUTS).
-_NAMESPACES = 0x20000000 | 0x00020000 | 0x40000000 | 0x08000000 | 0x04000000
+# The namespaces a jailed process gets, as unshare(1) names them and as unshare(2) takes them
+# (CLONE_NEWPID, NEWNS, NEWNET, NEWIPC, NEWUTS): the cold start asks the command, the warm one the call.
+_NAMESPACES = {"--pid": 0x20000000, "--mount": 0x00020000, "--net": 0x40000000, "--ipc": 0x08000000,
+               "--uts": 0x04000000}
 _PRIVATE_MOUNTS = ("/tmp", "/var/tmp", "/dev/shm")
 
 
@@ -56,8 +59,7 @@ class Isolation:
 
 
 def _unshare_prefix() -> list[str]:
-    return [shutil.which("unshare") or "unshare", "--pid", "--fork", "--kill-child=SIGKILL",
-            "--mount-proc", "--net", "--mount", "--ipc", "--uts"]
+    return [shutil.which("unshare") or "unshare", *_NAMESPACES, "--fork", "--kill-child=SIGKILL", "--mount-proc"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -171,7 +173,7 @@ def enter_here(scratch: str) -> None:
     one mounts its own /proc (``--mount-proc``), dies with its parent (``--kill-child=SIGKILL``), and
     returns from here jailed by :func:`enter`."""
     libc = _libc()
-    if libc.unshare(_NAMESPACES) != 0:
+    if libc.unshare(functools.reduce(operator.or_, _NAMESPACES.values())) != 0:
         errno = ctypes.get_errno()
         raise OSError(errno, f"unshare: {os.strerror(errno)}")
     pid = os.fork()
