@@ -20,7 +20,7 @@ import libcst as cst
 
 from . import _sites
 from ._errors import NotApplicable
-from ._walk import nodes, per_tree, replace
+from ._walk import nodes, per_tree, replace, transform_original  # noqa: F401 - the operators' C.transform_original
 
 TUNABLE_PREFIXES = ("BLOCK_", "HEADS_PER_PROGRAM", "VMEM_LIMIT_BYTES", "DIAGONAL_STRIP", "KV_SPLITS", "CHIPS")
 
@@ -373,23 +373,6 @@ def assigned_from(fn: cst.CSTNode, prefixes: tuple[str, ...]) -> set[str]:
         if norm(node.value).startswith(prefixes):  # type: ignore[attr-defined]
             out.add(node.targets[0].target.value)  # type: ignore[attr-defined]
     return out
-
-
-class _ByOriginal(cst.CSTTransformer):
-    def __init__(self, fn: Callable[[cst.CSTNode, cst.CSTNode], cst.CSTNode | None]):
-        super().__init__()
-        self.fn = fn
-
-    def on_leave(self, original_node, updated_node):  # type: ignore[override]
-        result = self.fn(original_node, updated_node)
-        return updated_node if result is None else result
-
-
-def transform_original(node: cst.CSTNode, fn: Callable[[cst.CSTNode, cst.CSTNode], cst.CSTNode | None]):
-    """Bottom-up rewrite keyed by the original tree: ``fn(original, updated)`` returns a replacement
-    for a node (``updated``: the node with its children already rewritten) or None to keep it. The
-    nodes of ``node`` itself can be matched by identity (``original is some_node_found_before``)."""
-    return node.visit(_ByOriginal(fn))
 
 
 def definition_statement(module: cst.Module, fn: cst.FunctionDef) -> int | None:

@@ -184,18 +184,26 @@ def replace(tree: cst.CSTNode, changes: dict[int, cst.CSTNode]) -> cst.CSTNode:
     return rebuild(tree)
 
 
-class _ByIdentity(cst.CSTTransformer):
-    def __init__(self, changes: dict[int, cst.CSTNode]) -> None:
+class _ByOriginal(cst.CSTTransformer):
+    def __init__(self, fn: Callable[[cst.CSTNode, cst.CSTNode], cst.CSTNode | None]):
         super().__init__()
-        self.changes = changes
+        self.fn = fn
 
     def on_leave(self, original_node, updated_node):  # type: ignore[override]
-        return self.changes.get(id(original_node), updated_node)
+        result = self.fn(original_node, updated_node)
+        return updated_node if result is None else result
+
+
+def transform_original(node: cst.CSTNode, fn: Callable[[cst.CSTNode, cst.CSTNode], cst.CSTNode | None]):
+    """Bottom-up rewrite keyed by the original tree: ``fn(original, updated)`` returns a replacement
+    for a node (``updated``: the node with its children already rewritten) or None to keep it. The
+    nodes of ``node`` itself can be matched by identity (``original is some_node_found_before``)."""
+    return node.visit(_ByOriginal(fn))
 
 
 def _replace_by_visit(tree: cst.CSTNode, changes: dict[int, cst.CSTNode]) -> cst.CSTNode:
     """:func:`replace` for a tree that holds one node in two places: libcst's own walk."""
-    return tree.visit(_ByIdentity(changes))
+    return transform_original(tree, lambda original, updated: changes.get(id(original)))
 
 
 # Each top-level statement's printed code, by the statement's identity and the module's formats.

@@ -25,7 +25,7 @@ import libcst as cst
 from .. import _cst as C
 from .. import _sites
 from .._errors import NotApplicable
-from .._walk import walk
+from .._walk import replace, walk
 
 OUT = "_o"                   # the name the moved code gives the kernel's output
 LIKE = frozenset({"jax.numpy.zeros_like", "jax.numpy.ones_like", "jax.numpy.full_like", "jax.numpy.empty_like"})
@@ -338,7 +338,7 @@ def rebuild(s: Site, kernel: cst.FunctionDef, site: cst.FunctionDef, user: cst.F
     if user is not None and not s.inline:
         new[id(s.user)] = user
     at = C.definition_statement(s.module, s.site)
-    module = C.transform_original(s.module, lambda old, upd: new.get(id(old)))
+    module = replace(s.module, new)
     added = C.stmts(helpers)
     added[0] = added[0].with_changes(leading_lines=[cst.EmptyLine()] * 2)  # type: ignore[call-arg]
     body = list(module.body)
