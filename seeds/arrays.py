@@ -15,11 +15,12 @@ def save_array(path, array) -> dict:
     return {"dtype": dtype, "shape": list(array.shape)}
 
 
-def load_array(path, dtype: str) -> np.ndarray:
-    """Read an array written by ``save_array`` as ``dtype`` (bf16 from its bits)."""
+def load_array(path, dtype: str, mapped: bool = False) -> np.ndarray:
+    """Read an array written by ``save_array`` as ``dtype`` (bf16 from its bits); ``mapped``: a
+    read-only map of the file, its pages the kernel's to drop (a model-sized input set)."""
     import ml_dtypes
 
-    raw = np.load(path, allow_pickle=False)
+    raw = np.load(path, allow_pickle=False, mmap_mode="r" if mapped else None)
     if dtype == "bfloat16":
         if raw.dtype != np.uint16:
             raise ValueError(f"array stored as {raw.dtype}, expected bf16 bits")

@@ -53,6 +53,7 @@ import hashlib
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -76,6 +77,11 @@ def _run_child(*args: str) -> None:
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     done = subprocess.run([sys.executable, "-m", "seeds.reference_child", *args], env=env, capture_output=True,
                           text=True, timeout=_CHILD_TIMEOUT_S)
+    if done.returncode < 0:        # a signal: its last line of output is not why it stopped
+        how = signal.Signals(-done.returncode).name
+        hint = ": out of memory? the workload at this shape may need more than this machine has" \
+            if how == "SIGKILL" else ""
+        raise ReferenceError(f"the reference file's child process was killed by {how}{hint}")
     if done.returncode:
         tail = " ".join((done.stderr or done.stdout).strip().splitlines()[-1:])[:300]
         raise ReferenceError(f"the reference file's child process failed ({tail})")
@@ -242,8 +248,9 @@ class Task(SeedTask):
         if not self.units:
             return fn(*args)
         held = json.loads(self.units)
-        return units.per_base(lambda *a: np.asarray(fn(*a)), [np.asarray(a) for a in args], held["inputs"],
-                              held["output"], held["sizes"])
+        arrays = [np.asarray(a) if ax else a for a, ax in zip(args, held["inputs"], strict=True)]   # weights stay put
+        return units.per_base(lambda *a: np.asarray(fn(*a)), arrays, held["inputs"], held["output"], held["sizes"],
+                              units.group_for(fn, arrays, held["inputs"]))
 
     def reference(self, *inputs: np.ndarray) -> np.ndarray:
         """The workload on ``inputs`` with its floats in f32, run by a CPU child."""

@@ -301,18 +301,29 @@ def _truth(source_path: str, root: str, shown: str, shape: str = "", absolute: b
 
     root_path = Path(root)
     meta = json.loads((root_path / "inputs.json").read_text())
-    inputs = [load_array(root_path / f"in{i}.npy", m["dtype"]) for i, m in enumerate(meta)]
-    inputs = [(np.abs(a.astype(np.float32)) if absolute else a.astype(np.float32))
-              if np.issubdtype(a.dtype, np.floating) or str(a.dtype) == "bfloat16" else a for a in inputs]
+    units = root_path / "units.json"
+    held = json.loads(units.read_text()) if units.is_file() else None
+
+    def in_f32(i: int, a: np.ndarray):
+        if not (np.issubdtype(a.dtype, np.floating) or str(a.dtype) == "bfloat16"):
+            return a
+        if held is not None and not held["inputs"][i]:
+            # A model-sized check's weights (no unit axes) go to the device once, in f32, and every
+            # unit's call reuses them: a host f32 copy besides, per call, is what outgrew the
+            # machine (the MoE's 2.8 GB of bf16 experts are 5.6 GB in f32).
+            a = jnp.asarray(a).astype(jnp.float32)
+            return jnp.abs(a) if absolute else a
+        return np.abs(a.astype(np.float32)) if absolute else a.astype(np.float32)
+
+    inputs = [in_f32(i, load_array(root_path / f"in{i}.npy", m["dtype"])) for i, m in enumerate(meta)]
     try:
         run = jax.jit(workload_of(Path(source_path).read_text(), shown, shape))
-        units = root_path / "units.json"
-        if units.is_file():        # a model-sized check: each distinct unit alone (seeds/units.py)
-            from seeds.units import per_base
+        if held is not None:        # a model-sized check: each distinct unit alone (seeds/units.py)
+            from seeds.units import group_for, per_base
 
-            held = json.loads(units.read_text())
+            group = 1 if held.get("alone") else group_for(run, inputs, held["inputs"])
             out = per_base(lambda *a: np.asarray(run(*map(jnp.asarray, a)), dtype=np.float32), inputs,
-                           held["inputs"], held["output"], held["sizes"])
+                           held["inputs"], held["output"], held["sizes"], group)
         else:
             out = run(*map(jnp.asarray, inputs))
         save_array(root_path / "out.npy", np.asarray(out, dtype=np.float32))

@@ -34,6 +34,7 @@ import numpy as np
 SLICE_ABOVE_FLOPS = 5e10     # a workload's FLOPs past which its truth is computed on base units
 BASE_FLOPS = 1e11            # the f32 work the bases' truth may take (at least MIN_BASES of them)
 MIN_BASES = 2
+GROUP_BYTES = 2 << 30     # working memory the truth may add per call beyond one unit's (group_size)
 
 
 def bases_for(flops: float, count: int) -> int:
@@ -87,24 +88,55 @@ def distinct(arrays: Sequence[np.ndarray], axes: Sequence[Sequence[int]]) -> tup
     return [f[picked] if f is not None else a for f, a in zip(flat, arrays, strict=True)], assign
 
 
-def one_unit(flat: np.ndarray | None, whole: np.ndarray, axes: Sequence[int], u: int) -> np.ndarray:
-    """Base unit ``u`` as the workload takes it: its unit axes of size one."""
+def some_units(flat: np.ndarray | None, whole: np.ndarray, axes: Sequence[int], u: int, n: int = 1) -> np.ndarray:
+    """Base units ``u`` to ``u + n`` as the workload takes them: along its first unit axis, its
+    other unit axes of size one (an input with no unit axes whole)."""
     if flat is None:
         return whole
-    return unflatten(flat[u:u + 1], axes, [1] * len(axes))
+    return unflatten(flat[u:u + n], axes, [n] + [1] * (len(axes) - 1))
 
 
 def per_base(fn: Callable[..., np.ndarray], arrays: Sequence[np.ndarray], axes: Sequence[Sequence[int]],
-             out_axes: Sequence[int], sizes: Sequence[int]) -> np.ndarray:
-    """``fn`` on ``arrays`` as the model-sized check computes it: on each distinct unit alone, one
-    at a time, the output of each unit placed at every position that unit holds."""
+             out_axes: Sequence[int], sizes: Sequence[int], group: int = 1) -> np.ndarray:
+    """``fn`` on ``arrays`` as the model-sized check computes it: on the distinct units alone,
+    ``group`` at a time (``group_size``), the output of each unit placed at every position that
+    unit holds."""
     bases, assign = distinct(arrays, axes)
-    outs = []
-    for u in range(int(assign.max()) + 1):
-        out = np.asarray(fn(*[one_unit(b if ax else None, a, ax, u)
+    count, outs = int(assign.max()) + 1, []
+    for u in range(0, count, group):
+        n = min(group, count - u)
+        out = np.asarray(fn(*[some_units(b if ax else None, a, ax, u, n)
                               for b, a, ax in zip(bases, arrays, axes, strict=True)]))
         outs.append(flatten(out, out_axes))
     return unflatten(np.concatenate(outs)[assign], out_axes, sizes)
+
+
+def group_size(extra_bytes: Callable[[int], int], count: int) -> int:
+    """How many base units one call takes: as many as ``GROUP_BYTES`` of working memory beyond one
+    unit's allows, read from ``extra_bytes(n)`` (the memory a call of ``n`` units needs) at one and
+    two. A workload whose memory is its weights (the MoE's 5.6 GB of f32 experts for any number of
+    tokens) then reads them once per group, not once per unit; one whose units are large
+    (RetNet's batch row) stays one at a time."""
+    if count < 2:
+        return 1
+    step = max(extra_bytes(2) - extra_bytes(1), 1)
+    return int(min(count, max(1, GROUP_BYTES // step)))
+
+
+def group_for(program: Callable, arrays: Sequence, axes: Sequence[Sequence[int]]) -> int:
+    """``group_size`` for ``program`` (a JAX function) on ``arrays``, from XLA's own analysis of
+    its compiled memory. JAX: for the children that compute on units, never the judge's parent."""
+    import jax
+
+    bases, assign = distinct(arrays, axes)
+
+    def extra_bytes(n: int) -> int:
+        shapes = [jax.ShapeDtypeStruct(np.shape(some_units(b if ax else None, a, ax, 0, n)), a.dtype)
+                  for b, a, ax in zip(bases, arrays, axes, strict=True)]
+        memory = jax.jit(program).lower(*shapes).compile().memory_analysis()
+        return memory.temp_size_in_bytes + memory.output_size_in_bytes
+
+    return group_size(extra_bytes, int(assign.max()) + 1)
 
 
 def units_of(path, read: dict) -> str:
@@ -150,7 +182,8 @@ def check(task, seed: int) -> None:
 
     held = json.loads(task.units)
     for j, symbol in enumerate(held["symbols"]):
-        pair = dict(held, sizes=[2 if i == j else 1 for i in range(len(held["sizes"]))], bases=2)
+        pair = dict(held, sizes=[2 if i == j else 1 for i in range(len(held["sizes"]))], bases=2,
+                    alone=True)        # each unit in a call of its own (never a group: that is the claim)
         two = dataclasses.replace(task, units=json.dumps(pair))
         inputs = two.make_inputs(seed + j, "normal")
         together = dataclasses.replace(task, units="")._workload(inputs, "truth")

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -85,21 +85,22 @@ def timing_input(task: SeedTask, seed: int, explicit: Sequence[tuple[str, int]] 
 
 
 def draw(task: SeedTask, explicit: Sequence[tuple[str, int]] | None = None,
-         first_seed: int | None = None) -> list[Drawn]:
+         first_seed: int | None = None, keep: Callable[[Drawn], Drawn] = lambda d: d) -> list[Drawn]:
     """The input sets of one judge: fresh secret draws, one per distribution of the task's sets, the
     first made with ``first_seed`` (the timing input's, :func:`timing_seed`), a set whose public
     seed repeats an earlier one's with that one's secret seed; ``explicit`` ((distribution, seed)
     pairs) gives public sets instead (for a user who wants to reproduce a failure; such a judge's
-    verdicts record 0 secret sets)."""
+    verdicts record 0 secret sets). ``keep`` is given each set as it is made (what the caller
+    keeps of it: a model-sized set goes to a file before the next is drawn)."""
     if explicit:
-        return [Drawn(f"input {dist} seed {seed}", tuple(task.make_inputs(seed, dist)), dist)
+        return [keep(Drawn(f"input {dist} seed {seed}", tuple(task.make_inputs(seed, dist)), dist))
                 for dist, seed in explicit]
     sets, secret = [], {}
     for i, (dist, public) in enumerate(task.correctness_inputs):
         if public not in secret:
             secret[public] = first_seed if i == 0 and first_seed is not None else secrets.randbits(63)
         label = f"input set {i + 1} ({dist}, secret draw{'; the timing input' if i == 0 else ''})"
-        sets.append(Drawn(label, tuple(task.make_inputs(secret[public], dist)), dist))
+        sets.append(keep(Drawn(label, tuple(task.make_inputs(secret[public], dist)), dist)))
     return sets
 
 

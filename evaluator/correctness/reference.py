@@ -19,7 +19,9 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -27,14 +29,15 @@ import numpy as np
 
 from seeds import load_array, save_array
 from evaluator.containment.children import Children, private_dir, stage_data, write_inputs
-from evaluator.correctness.ground_truth import (GroundTruth, draw, timing_distribution, timing_input, timing_seed,
-                                                truth_of)
+from evaluator.correctness.ground_truth import (Drawn, GroundTruth, draw, timing_distribution, timing_input,
+                                                timing_seed, truth_of)
 from evaluator.figure.timing import Timing
 from evaluator.correctness.verdicts import failure
 from evaluator.versions import versions
 from seeds import SeedTask
 
 CACHE_FILE = "reference_timings.json"
+MAPPED_BYTES = 1 << 30     # an input set past this is kept in files, mapped (References._mapped_set)
 
 
 @functools.cache
@@ -61,6 +64,7 @@ class References:
         self._failed: dict[SeedTask, str] = {}          # tasks whose reference program failed
         self._timing_inputs: dict[SeedTask, dict[str, np.ndarray]] = {}
         self._timing_seeds: dict[SeedTask, int] = {}      # secret: the first input set's seed
+        self._mapped: Path | None = None                  # model-sized input sets, in files (_mapped_set)
 
     # ---- what the judge asks --------------------------------------------------------------------
     def truth(self, task: SeedTask) -> list[GroundTruth]:
@@ -142,7 +146,8 @@ class References:
             task.check_units(self._timing_seed(task) + 1)    # a model-sized check's claim, checked first
         except ValueError as exc:
             raise RuntimeError(str(exc)) from None
-        sets = [truth_of(task, d) for d in draw(task, self.config.correctness_inputs, self._timing_seed(task))]
+        sets = [truth_of(task, d) for d in draw(task, self.config.correctness_inputs, self._timing_seed(task),
+                                                keep=self._mapped_set)]
         figure = self.cached(task)
         private = private_dir("ref")
         try:
@@ -180,6 +185,22 @@ class References:
         finally:
             shutil.rmtree(private, ignore_errors=True)
         return sets
+
+    def _mapped_set(self, drawn: Drawn) -> Drawn:
+        """``drawn``, past ``MAPPED_BYTES`` as read-only maps of files private to this judge: a
+        model-sized set (the MoE's 2.8 GB of experts) is not held four times over in the judge's
+        memory while its children run (the out-of-memory killer took the judge there)."""
+        if sum(np.asarray(a).nbytes for a in drawn.inputs) < MAPPED_BYTES:
+            return drawn
+        if self._mapped is None:
+            self._mapped = private_dir("sets")
+            weakref.finalize(self, shutil.rmtree, str(self._mapped), True)
+        directory = Path(tempfile.mkdtemp(dir=self._mapped))
+        arrays = []
+        for i, array in enumerate(drawn.inputs):
+            meta = save_array(directory / f"{i}.npy", array)
+            arrays.append(load_array(directory / f"{i}.npy", meta["dtype"], mapped=True))
+        return drawn._replace(inputs=tuple(arrays))
 
     # ---- the disk cache ------------------------------------------------------------------------------
     def cached(self, task: SeedTask) -> Timing | None:

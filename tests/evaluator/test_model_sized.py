@@ -75,3 +75,18 @@ def test_units_on_two_axes_flatten_copy_and_come_back_in_place():
     def per_unit_sum(a):                                # independent along axes 1 and 3 of its input
         return a.sum(axis=(0, 2))
     assert np.allclose(units.per_base(per_unit_sum, [full], [[1, 3]], [0, 1], [5, 4]), per_unit_sum(full))
+
+
+def test_a_model_sized_set_is_kept_in_files_and_judged_the_same(sliced, monkeypatch):
+    """Past MAPPED_BYTES a judge keeps each input set in read-only files, mapped (the MoE's four
+    sets of 2.8 GB had the out-of-memory killer take the judge): the verdicts do not change."""
+    from evaluator import Judge, JudgeConfig
+    from evaluator.correctness import reference
+
+    monkeypatch.setattr(reference, "MAPPED_BYTES", 0)
+    judge = Judge(JudgeConfig(chip="v5e", workers=1))
+    for candidate, status in (("honest", Status.PASS), ("half_rows", Status.FAIL_CORRECTNESS)):
+        result = judge.evaluate((HERE / f"{candidate}.py").read_text(), sliced)
+        assert result.status is status, (result.status, result.error)
+    sets = judge.references.truth(sliced)
+    assert all(isinstance(a, np.memmap) and not a.flags.writeable for g in sets for a in g.inputs)

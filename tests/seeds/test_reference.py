@@ -344,3 +344,13 @@ def test_a_reference_file_names_the_memory_its_judged_children_get_and_a_flag_ov
                               memory=None, reference=None, start=None, entry=None, order=None)
     task_from_args(args)
     assert args.memory == 20 and args.chip == "v6e"
+
+
+def test_a_reference_child_killed_by_a_signal_says_so_in_one_line(tmp_path):
+    """A reference child killed by a signal (the out-of-memory killer's SIGKILL at a model's shape)
+    is named by its signal, not by whatever line it printed last."""
+    text = MATMUL.replace("def create_inputs():\n", "def create_inputs():\n    import os, signal\n"
+                          "    os.kill(os.getpid(), signal.SIGKILL)\n")
+    with pytest.raises(ReferenceError, match="killed by SIGKILL: out of memory") as info:
+        Task.read(write(tmp_path, "killed.py", text), None)
+    assert "\n" not in str(info.value)
