@@ -31,8 +31,9 @@ SMALL = {causal: AttentionTask(batch=1, heads=2, seq_len=256, head_dim=128, caus
 # with grouped heads at N=2048).
 # Not yet two of the JAXBench seeds of issue 58 (open). mla: a block_sizes draw such as
 # BLOCK_Q=512, BLOCK_K=1024, HEADS_PER_BLOCK=8 at SMALL kills libtpu's compile (SIGSEGV);
-# sparse_moe: on v6e libtpu's static profiler cannot estimate the XLA scatter that combines the
-# experts ("Unsupported DMA direction"), so it stays a v5e task. retnet and mamba2_ssd are in.
+# sparse_moe: on v6e, draws such as COMBINE_COLS=256 at SMALL have XLA place a gather of the
+# wrapper in VMEM, which libtpu's static profiler cannot estimate ("Unsupported DMA direction").
+# retnet and mamba2_ssd are in.
 NOT_YET = {"mla", "sparse_moe"}
 PROPERTY_CASES = [pytest.param(c, id=c.id) for c in seed_cases()
                   if c.builtin and c.label != "default" and c.id.rsplit("-", 1)[0] not in NOT_YET]
