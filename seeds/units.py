@@ -34,7 +34,7 @@ import numpy as np
 SLICE_ABOVE_FLOPS = 5e10     # a workload's FLOPs past which its truth is computed on base units
 BASE_FLOPS = 1e11            # the f32 work the bases' truth may take (at least MIN_BASES of them)
 MIN_BASES = 2
-GROUP_BYTES = 2 << 30     # working memory the truth may add per call beyond one unit's (group_size)
+GROUP_BYTES = 256 << 20   # working memory the truth may add per call beyond one unit's (group_size)
 
 
 def bases_for(flops: float, count: int) -> int:
@@ -114,9 +114,10 @@ def per_base(fn: Callable[..., np.ndarray], arrays: Sequence[np.ndarray], axes: 
 def group_size(extra_bytes: Callable[[int], int], count: int) -> int:
     """How many base units one call takes: as many as ``GROUP_BYTES`` of working memory beyond one
     unit's allows, read from ``extra_bytes(n)`` (the memory a call of ``n`` units needs) at one and
-    two. A workload whose memory is its weights (the MoE's 5.6 GB of f32 experts for any number of
-    tokens) then reads them once per group, not once per unit; one whose units are large
-    (RetNet's batch row) stays one at a time."""
+    two (XLA's count, which can be far below the process's peak: RetNet's truth at one row counts
+    0.25 GiB, and its child peaks at 7.4 GB with two, so the budget is small). A workload whose
+    memory is its weights (the MoE's 5.6 GB of f32 experts for any number of tokens) then reads
+    them once per group, not once per unit."""
     if count < 2:
         return 1
     step = max(extra_bytes(2) - extra_bytes(1), 1)
