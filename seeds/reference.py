@@ -79,9 +79,8 @@ def _run_child(*args: str) -> None:
                           text=True, timeout=_CHILD_TIMEOUT_S)
     if done.returncode < 0:        # a signal: its last line of output is not why it stopped
         how = signal.Signals(-done.returncode).name
-        hint = ": out of memory? the workload at this shape may need more than this machine has" \
-            if how == "SIGKILL" else ""
-        raise ReferenceError(f"the reference file's child process was killed by {how}{hint}")
+        hint = ": out of memory? the workload at this shape may need more than this machine has"
+        raise ReferenceError(f"the reference file's child process was killed by {how}{hint * (how == 'SIGKILL')}")
     if done.returncode:
         tail = " ".join((done.stderr or done.stdout).strip().splitlines()[-1:])[:300]
         raise ReferenceError(f"the reference file's child process failed ({tail})")
